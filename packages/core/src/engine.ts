@@ -1,0 +1,344 @@
+import { defaultFingerprint } from './fingerprint';
+import { type OutgoingHeaderValue, storableHeaders } from './headers';
+import { type KeyProblem, parseKey } from './key';
+import { type Logger, silentLogger } from './logger';
+import { type IdempotencyHooks, type IdempotencyOptions, type ResolvedOptions, resolveOptions } from './options';
+import { PROBLEM_TYPES, problemResponse } from './problems';
+import type { AcquireResult, StoredResponse } from './store';
+
+/** What an adapter tells the engine about a request. */
+export interface HttpRequestInput<Req> {
+  method: string;
+  /** Path and query as the client sent them (Express `req.originalUrl`, Fastify `request.url`). */
+  url: string;
+  /** Request headers with lower-case names (Node's `req.headers`). */
+  headers: Readonly<Record<string, string | string[] | undefined>>;
+  /** The parsed body (object, string, Buffer), or `undefined` when there is none or no parser ran. */
+  body: unknown;
+  /** The framework's request, handed to `scope` and `fingerprint`. */
+  request: Req;
+}
+
+/** A finished response as the adapter captured it. `body` is `undefined` when it outgrew `maxBodyBytes`. */
+export interface CapturedResponse {
+  status: number;
+  headers: Readonly<Record<string, OutgoingHeaderValue>>;
+  body: Uint8Array | undefined;
+}
+
+/** The engine's answer for one request. */
+export type HttpDecision =
+  /** Not ours: run the handler as if the middleware were not there. */
+  | { action: 'pass' }
+  /** Send this response (a replay, or a problem+json error); do not run the handler. */
+  | { action: 'respond'; response: StoredResponse; replayed: boolean }
+  /** Run the handler, capture its response and hand it to `execution.complete()` (or `fail()` if it threw). */
+  | { action: 'execute'; execution: Execution };
+
+const PASS: HttpDecision = { action: 'pass' };
+
+// Marks a stored response whose body outgrew maxBodyBytes: only its status is kept, and its replay is a 410.
+const OMITTED_BODY_HEADER = 'x-oncely-body-omitted';
+
+const KEY_PROBLEM_DETAIL: Record<KeyProblem, string> = {
+  empty: 'is empty',
+  'too-long': 'is too long',
+  'not-visible-ascii': 'must contain only visible ASCII characters (0x21-0x7E)',
+  'malformed-string': 'is not a well-formed RFC 8941 string',
+  'multiple-values': 'was sent more than once',
+};
+
+/**
+ * The idempotency engine. It owns every policy decision — key parsing, scope, fingerprint, what to do with each
+ * store answer, what to store, lease renewal, error answers — so adapters only translate requests and responses.
+ */
+export class Idempotency<Req = unknown> {
+  readonly options: ResolvedOptions<Req>;
+
+  constructor(options: IdempotencyOptions<Req> = {}, base?: Idempotency<Req>, extraKnownOptions?: ReadonlySet<string>) {
+    this.options = resolveOptions(options, base?.options, extraKnownOptions);
+  }
+
+  /** An engine with `overrides` over this one's options (a route's options over its plugin's). */
+  with(overrides: IdempotencyOptions<Req>): Idempotency<Req> {
+    return new Idempotency(overrides, this);
+  }
+
+  /** Whether requests with this method are covered at all; adapters use it to skip work for the others. */
+  covers(method: string): boolean {
+    return this.options.methods.has(method);
+  }
+
+  /**
+   * Decides what to do with a request. Never rejects: store failures, a throwing `scope` or `fingerprint`, bad
+   * keys all become a `respond` decision (or, with `onStoreError: 'fail-open'`, an unprotected execution).
+   */
+  async handle(input: HttpRequestInput<Req>, log: Logger = this.options.logger ?? silentLogger): Promise<HttpDecision> {
+    const o = this.options;
+    if (!o.methods.has(input.method)) return PASS;
+    const raw = input.headers[o.header];
+    if (raw === undefined) {
+      if (!o.required) return PASS;
+      log.debug({ header: o.header }, 'oncely: idempotency key missing');
+      return this.#problem(400, 'keyMissing', 'Idempotency key missing', `This request requires an ${o.header} header.`);
+    }
+    const clientKey = parseKey(raw, o.maxKeyLength);
+    if (typeof clientKey !== 'string') {
+      log.debug({ header: o.header, problem: clientKey.problem }, 'oncely: invalid idempotency key');
+      const detail =
+        clientKey.problem === 'too-long'
+          ? `The ${o.header} header is longer than ${o.maxKeyLength} characters.`
+          : `The ${o.header} header ${KEY_PROBLEM_DETAIL[clientKey.problem]}.`;
+      return this.#problem(400, 'keyInvalid', 'Invalid idempotency key', detail);
+    }
+
+    let key: string;
+    let fingerprint: string;
+    try {
+      // A scope may hold any character; the key cannot hold a space, so the last space splits them unambiguously.
+      key = o.scope === undefined ? clientKey : `${o.scope(input.request)} ${clientKey}`;
+      fingerprint =
+        o.fingerprint === false
+          ? ''
+          : o.fingerprint === undefined
+            ? defaultFingerprint(input.method, input.url, input.body)
+            : o.fingerprint(input.request);
+    } catch (error) {
+      log.error({ err: error }, 'oncely: the scope or fingerprint function threw');
+      return this.#problem(500, 'internal', 'Idempotency check failed', 'The server could not compute the idempotency scope or fingerprint.');
+    }
+
+    let result: AcquireResult;
+    try {
+      result = await o.store.acquire(key, { fingerprint, lockTimeoutMs: o.lockTimeoutMs });
+    } catch (error) {
+      return this.#storeDown(key, error, log, clientKey);
+    }
+
+    let deadline: number | undefined;
+    let polls = 0;
+    for (;;) {
+      switch (result.status) {
+        case 'acquired':
+          this.#hook('onMiss', { key }, log);
+          return { action: 'execute', execution: new Execution(this, key, clientKey, result.token, log) };
+        case 'completed':
+          if (o.fingerprint !== false && result.fingerprint !== fingerprint) return this.#mismatch(key, log);
+          this.#hook('onHit', { key }, log);
+          return { action: 'respond', response: replayOf(result.response), replayed: true };
+        case 'in_progress': {
+          if (o.fingerprint !== false && result.fingerprint !== fingerprint) return this.#mismatch(key, log);
+          this.#hook('onConflict', { key, retryAfterMs: result.retryAfterMs }, log);
+          const now = Date.now();
+          if (o.waitMs !== undefined) deadline ??= now + o.waitMs;
+          if (deadline === undefined || now >= deadline) return this.#conflict(result.retryAfterMs);
+          // Sleep until the record changes, the lease runs out, or the wait ends; without a store wake-up,
+          // poll with backoff (25ms doubling to 1s) rather than spin.
+          const slice = Math.min(deadline - now, Math.max(result.retryAfterMs, 1));
+          if (o.store.waitFor) await o.store.waitFor(key, Math.min(slice, 1000));
+          else await sleep(Math.min(slice, 25 * 2 ** Math.min(polls, 6)));
+          polls++;
+          try {
+            result = await o.store.acquire(key, { fingerprint, lockTimeoutMs: o.lockTimeoutMs });
+          } catch (error) {
+            return this.#storeDown(key, error, log, clientKey);
+          }
+        }
+      }
+    }
+  }
+
+  /** Runs a hook, never letting it break a request. */
+  #hook<K extends keyof IdempotencyHooks>(name: K, event: Parameters<NonNullable<IdempotencyHooks[K]>>[0], log: Logger): void {
+    const hook = this.options.hooks[name] as ((e: typeof event) => void) | undefined;
+    if (hook === undefined) return;
+    try {
+      hook(event);
+    } catch (error) {
+      log.error({ err: error, hook: name }, 'oncely: a hook threw; ignored');
+    }
+  }
+
+  /** @internal used by Execution */
+  hook<K extends keyof IdempotencyHooks>(name: K, event: Parameters<NonNullable<IdempotencyHooks[K]>>[0], log: Logger): void {
+    this.#hook(name, event, log);
+  }
+
+  #problem(status: number, type: keyof typeof PROBLEM_TYPES, title: string, detail: string, headers?: Record<string, string>): HttpDecision {
+    return { action: 'respond', replayed: false, response: problemResponse({ type: PROBLEM_TYPES[type], title, status, detail }, headers) };
+  }
+
+  #mismatch(key: string, log: Logger): HttpDecision {
+    this.#hook('onMismatch', { key }, log);
+    log.info({ key }, 'oncely: idempotency key reused with a different request');
+    return this.#problem(
+      422,
+      'mismatch',
+      'Idempotency key reused',
+      'This idempotency key was already used with a different request (method, path, query or body). Use a new key for a new request.',
+    );
+  }
+
+  #conflict(retryAfterMs: number): HttpDecision {
+    const status = this.options.inProgressStatus;
+    const seconds = Math.max(1, Math.ceil(retryAfterMs / 1000));
+    return this.#problem(
+      status,
+      'inProgress',
+      'Request in progress',
+      'A request with this idempotency key is still being processed. Retry after it finishes.',
+      { 'retry-after': String(seconds) },
+    );
+  }
+
+  #storeDown(key: string, error: unknown, log: Logger, clientKey: string): HttpDecision {
+    this.#hook('onStoreError', { key, operation: 'acquire', error }, log);
+    if (this.options.failOpen) {
+      log.warn({ err: error, key }, 'oncely: store unavailable; running the handler WITHOUT idempotency protection (fail-open)');
+      return { action: 'execute', execution: new Execution(this, key, clientKey, undefined, log) };
+    }
+    log.error({ err: error, key }, 'oncely: store unavailable; answering 503 (fail-closed)');
+    return this.#problem(
+      503,
+      'storeUnavailable',
+      'Idempotency store unavailable',
+      'The request was not processed because its idempotency key could not be checked. Retry with the same key.',
+      { 'retry-after': '1' },
+    );
+  }
+}
+
+/**
+ * One request that owns its key. Renews the lease every third of `lockTimeout` while the handler runs; then
+ * `complete()` stores the response (or releases the key when the status is not cacheable) and `fail()` releases.
+ * Both wait for the store, so the client sees the response only once a retry would replay it, and never reject.
+ */
+export class Execution {
+  /** The key as the client sent it (unquoted), for `req.idempotencyKey`. */
+  readonly clientKey: string;
+  /** The store key: scope and client key. */
+  readonly key: string;
+  /** `false` when the store was down and `onStoreError: 'fail-open'` let the handler run unprotected. */
+  readonly protected: boolean;
+  readonly maxBodyBytes: number;
+  readonly #engine: Idempotency<never>;
+  readonly #token: string | undefined;
+  readonly #log: Logger;
+  #timer: NodeJS.Timeout | undefined;
+  #settled = false;
+
+  /** @internal created by the engine */
+  constructor(engine: Idempotency<never>, key: string, clientKey: string, token: string | undefined, log: Logger) {
+    this.#engine = engine;
+    this.key = key;
+    this.clientKey = clientKey;
+    this.#token = token;
+    this.#log = log;
+    this.protected = token !== undefined;
+    this.maxBodyBytes = engine.options.maxBodyBytes;
+    if (token !== undefined) this.#scheduleRenewal();
+  }
+
+  async complete(captured: CapturedResponse): Promise<void> {
+    if (this.#settle() || this.#token === undefined) return;
+    const o = this.#engine.options;
+    if (!o.cacheable(captured.status)) {
+      await this.#release('not-cacheable', captured.status);
+      return;
+    }
+    const headers = storableHeaders(captured.headers, o.excludedHeaders);
+    let body = captured.body;
+    if (body === undefined) {
+      headers[OMITTED_BODY_HEADER] = '1';
+      body = EMPTY;
+    }
+    try {
+      const stored = await o.store.complete(this.key, this.#token, { status: captured.status, headers, body }, o.ttlMs);
+      if (stored) this.#engine.hook('onComplete', { key: this.key, status: captured.status }, this.#log);
+      else this.#fenced('complete');
+    } catch (error) {
+      this.#engine.hook('onStoreError', { key: this.key, operation: 'complete', error }, this.#log);
+      this.#log.error({ err: error, key: this.key }, 'oncely: could not store the response; a retry after the lease ends will run the handler again');
+    }
+  }
+
+  /** The handler threw (or the framework routed an error): release the key so a retry runs again. */
+  async fail(error?: unknown): Promise<void> {
+    if (this.#settle() || this.#token === undefined) return;
+    if (error !== undefined) this.#log.debug({ err: error, key: this.key }, 'oncely: handler failed; releasing the key');
+    await this.#release('error');
+  }
+
+  #settle(): boolean {
+    if (this.#settled) return true;
+    this.#settled = true;
+    if (this.#timer !== undefined) clearTimeout(this.#timer);
+    return false;
+  }
+
+  async #release(reason: 'not-cacheable' | 'error', status?: number): Promise<void> {
+    try {
+      const released = await this.#engine.options.store.release(this.key, this.#token as string);
+      if (released) this.#engine.hook('onRelease', status === undefined ? { key: this.key, reason } : { key: this.key, reason, status }, this.#log);
+      else this.#fenced('release');
+    } catch (error) {
+      this.#engine.hook('onStoreError', { key: this.key, operation: 'release', error }, this.#log);
+      this.#log.error({ err: error, key: this.key }, 'oncely: could not release the key; it frees itself when its lease ends');
+    }
+  }
+
+  #fenced(operation: 'complete' | 'release' | 'renew'): void {
+    this.#engine.hook('onFenced', { key: this.key, operation }, this.#log);
+    this.#log.warn(
+      { key: this.key, operation },
+      'oncely: this request lost its lease (it ran longer than lockTimeout without a renewal); the store refused the write',
+    );
+  }
+
+  #scheduleRenewal(): void {
+    const lockTimeoutMs = this.#engine.options.lockTimeoutMs;
+    this.#timer = setTimeout(() => {
+      this.#timer = undefined;
+      this.#engine.options.store.renew(this.key, this.#token as string, lockTimeoutMs).then(
+        (renewed) => {
+          if (this.#settled) return;
+          if (renewed) this.#scheduleRenewal();
+          else this.#fenced('renew');
+        },
+        (error: unknown) => {
+          this.#engine.hook('onStoreError', { key: this.key, operation: 'renew', error }, this.#log);
+          this.#log.warn({ err: error, key: this.key }, 'oncely: lease renewal failed; retrying');
+          if (!this.#settled) this.#scheduleRenewal();
+        },
+      );
+    }, Math.max(1, Math.floor(lockTimeoutMs / 3)));
+    this.#timer.unref();
+  }
+}
+
+const EMPTY = new Uint8Array(0);
+
+function replayOf(stored: StoredResponse): StoredResponse {
+  if (stored.headers[OMITTED_BODY_HEADER] !== undefined) {
+    const response = problemResponse(
+      {
+        type: PROBLEM_TYPES.responseNotStored,
+        title: 'Response not stored',
+        status: 410,
+        detail: `The request with this idempotency key was executed (status ${stored.status}), but its response was larger than maxBodyBytes and was not kept. It will not be executed again.`,
+        originalStatus: stored.status,
+      },
+      { 'idempotent-replayed': 'true' },
+    );
+    return response;
+  }
+  return {
+    status: stored.status,
+    headers: { ...stored.headers, 'content-length': String(stored.body.byteLength), 'idempotent-replayed': 'true' },
+    body: stored.body,
+  };
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms).unref());
+}

@@ -1,0 +1,37 @@
+/**
+ * Response headers never stored nor replayed (contract §3): cookies belong to the first response only, `date`
+ * must be fresh, hop-by-hop headers describe one connection, and `content-length` is recomputed on replay.
+ */
+export const ALWAYS_EXCLUDED_HEADERS: readonly string[] = [
+  'set-cookie',
+  'date',
+  'connection',
+  'keep-alive',
+  'transfer-encoding',
+  'upgrade',
+  'proxy-authenticate',
+  'proxy-authorization',
+  'proxy-connection',
+  'te',
+  'trailer',
+  'content-length',
+  'idempotent-replayed',
+];
+
+export type OutgoingHeaderValue = number | string | readonly string[] | undefined;
+
+/** Copies the headers worth replaying: names lower-cased, numbers as strings, excluded names dropped. */
+export function storableHeaders(
+  headers: Readonly<Record<string, OutgoingHeaderValue>>,
+  excluded: ReadonlySet<string>,
+): Record<string, string | string[]> {
+  const out: Record<string, string | string[]> = {};
+  for (const name in headers) {
+    const value = headers[name];
+    if (value === undefined) continue;
+    const lower = name.toLowerCase();
+    if (excluded.has(lower) || lower.startsWith('proxy-')) continue;
+    out[lower] = typeof value === 'object' ? [...value] : String(value);
+  }
+  return out;
+}

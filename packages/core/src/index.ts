@@ -1,0 +1,37 @@
+export { type Duration, parseDuration } from './duration';
+export {
+  type CapturedResponse,
+  Execution,
+  type HttpDecision,
+  type HttpRequestInput,
+  Idempotency,
+} from './engine';
+export { IdempotencyOptionsError } from './errors';
+export { canonicalJson, defaultFingerprint } from './fingerprint';
+export { ALWAYS_EXCLUDED_HEADERS, type OutgoingHeaderValue } from './headers';
+export { type KeyProblem, parseKey } from './key';
+export { type Logger, silentLogger } from './logger';
+export { MemoryStore, type MemoryStoreOptions } from './memory-store';
+export type {
+  CompleteEvent,
+  ConflictEvent,
+  FencedEvent,
+  IdempotencyEvent,
+  IdempotencyHooks,
+  IdempotencyOptions,
+  ReleaseEvent,
+  ResolvedOptions,
+  StoreErrorEvent,
+} from './options';
+export { PROBLEM_TYPES, type ProblemDetails, problemResponse } from './problems';
+export type {
+  AcquiredResult,
+  AcquireOptions,
+  AcquireResult,
+  CompletedResult,
+  IdempotencyRecord,
+  IdempotencyStore,
+  InProgressResult,
+  RecordState,
+  StoredResponse,
+} from './store';

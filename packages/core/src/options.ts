@@ -1,0 +1,297 @@
+import { type Duration, parseDuration } from './duration';
+import { IdempotencyOptionsError } from './errors';
+import { ALWAYS_EXCLUDED_HEADERS } from './headers';
+import type { Logger } from './logger';
+import { MemoryStore } from './memory-store';
+import type { IdempotencyStore } from './store';
+
+/** Payloads of the observation hooks. `key` is the store key (scope included). */
+export interface IdempotencyEvent {
+  key: string;
+}
+export interface ConflictEvent extends IdempotencyEvent {
+  retryAfterMs: number;
+}
+export interface StoreErrorEvent {
+  key?: string;
+  operation: 'acquire' | 'complete' | 'release' | 'renew';
+  error: unknown;
+}
+export interface FencedEvent extends IdempotencyEvent {
+  operation: 'complete' | 'release' | 'renew';
+}
+export interface ReleaseEvent extends IdempotencyEvent {
+  reason: 'not-cacheable' | 'error';
+  status?: number;
+}
+export interface CompleteEvent extends IdempotencyEvent {
+  status: number;
+}
+
+/**
+ * Callbacks to observe what the engine decides. They run synchronously on the request path: keep them cheap.
+ * An exception thrown by a hook is logged and swallowed; it never changes the answer.
+ */
+export interface IdempotencyHooks {
+  /** A completed record was replayed. */
+  onHit?(event: IdempotencyEvent): void;
+  /** No live record: this request acquired the key and runs the handler. */
+  onMiss?(event: IdempotencyEvent): void;
+  /** The key is held by a request still running: 409/429 (or a wait). */
+  onConflict?(event: ConflictEvent): void;
+  /** The key was reused with a different request fingerprint: 422. */
+  onMismatch?(event: IdempotencyEvent): void;
+  /** The store failed or timed out. */
+  onStoreError?(event: StoreErrorEvent): void;
+  /** The store refused an operation because this request's lease had expired and its token no longer owns the key. */
+  onFenced?(event: FencedEvent): void;
+  /** The handler's response was stored. */
+  onComplete?(event: CompleteEvent): void;
+  /** The key was released so the next request runs the handler again. */
+  onRelease?(event: ReleaseEvent): void;
+}
+
+/**
+ * Options shared by every adapter. `Req` is the framework's request type (Express `Request`, Fastify
+ * `FastifyRequest`), passed to `scope` and `fingerprint`. The object you pass is never modified.
+ */
+export interface IdempotencyOptions<Req = unknown> {
+  /** Where records live. Default: a new `MemoryStore()` (one process only; use a shared store for several). */
+  store?: IdempotencyStore;
+  /** How long a completed response is kept and replayed. Default: `'24h'`. */
+  ttl?: Duration;
+  /** Lease of an in-progress record; renewed every third of it while the handler runs. Default: `'30s'`. */
+  lockTimeout?: Duration;
+  /** Request header carrying the key (case-insensitive). Default: `'Idempotency-Key'`. */
+  header?: string;
+  /** Longest key accepted; longer keys get 400. Default: `255`. */
+  maxKeyLength?: number;
+  /** A covered request without a key gets 400. Default: `false`. */
+  required?: boolean;
+  /** Methods covered; others pass through untouched. Default: `['POST', 'PUT', 'PATCH']`. */
+  methods?: readonly string[];
+  /** Namespace for keys (user, tenant, API key): the same key in two scopes names two records. Default: none. */
+  scope?: (req: Req) => string;
+  /** Request fingerprint for the reuse check, or `false` to disable it. Default: method + path + query + body. */
+  fingerprint?: ((req: Req) => string) | false;
+  /** While the key is held: `'reject'` answers 409/429, `{ wait }` waits that long to replay. Default: `'reject'`. */
+  inProgress?: 'reject' | { wait: Duration };
+  /** Status for a request whose key is held by a running request. Default: `409`. */
+  inProgressStatus?: 409 | 429;
+  /** Which finished responses are stored; the others release the key. Default: `(status) => status < 500`. */
+  cacheable?: (status: number) => boolean;
+  /** Largest response body stored; a larger response is sent, kept as executed, and its replay is a 410. Default: 1 MiB. */
+  maxBodyBytes?: number;
+  /** Response headers never stored, added to the fixed list (set-cookie, date, hop-by-hop). Default: `[]`. */
+  excludeHeaders?: readonly string[];
+  /** On a store failure: `'fail-closed'` answers 503, `'fail-open'` runs the handler unprotected. Default: `'fail-closed'`. */
+  onStoreError?: 'fail-closed' | 'fail-open';
+  /** A pino-compatible logger. Default: none (Fastify: `request.log`). */
+  logger?: Logger;
+  /** Observation hooks. Default: none. */
+  hooks?: IdempotencyHooks;
+}
+
+/** Options after validation, with defaults applied and durations in ms. */
+export interface ResolvedOptions<Req> {
+  store: IdempotencyStore;
+  ttlMs: number;
+  lockTimeoutMs: number;
+  header: string;
+  maxKeyLength: number;
+  required: boolean;
+  methods: ReadonlySet<string>;
+  scope: ((req: Req) => string) | undefined;
+  fingerprint: ((req: Req) => string) | false | undefined;
+  waitMs: number | undefined;
+  inProgressStatus: 409 | 429;
+  cacheable: (status: number) => boolean;
+  maxBodyBytes: number;
+  excludedHeaders: ReadonlySet<string>;
+  failOpen: boolean;
+  logger: Logger | undefined;
+  hooks: IdempotencyHooks;
+}
+
+const KNOWN_OPTIONS = new Set([
+  'store',
+  'ttl',
+  'lockTimeout',
+  'header',
+  'maxKeyLength',
+  'required',
+  'methods',
+  'scope',
+  'fingerprint',
+  'inProgress',
+  'inProgressStatus',
+  'cacheable',
+  'maxBodyBytes',
+  'excludeHeaders',
+  'onStoreError',
+  'logger',
+  'hooks',
+]);
+
+// RFC 9110 token characters: what a header name may be made of.
+const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+
+const defaultCacheable = (status: number): boolean => status < 500;
+
+/**
+ * Validates options once and applies defaults; `base` supplies values the caller left out (a route's options
+ * over its plugin's). Every mistake throws an `IdempotencyOptionsError` naming the option and the fix.
+ */
+export function resolveOptions<Req>(
+  options: IdempotencyOptions<Req>,
+  base?: ResolvedOptions<Req>,
+  extraKnown?: ReadonlySet<string>,
+): ResolvedOptions<Req> {
+  if (options === null || typeof options !== 'object') {
+    throw new IdempotencyOptionsError('options', 'must be an object; pass {} or leave it out for the defaults.');
+  }
+  for (const name of Object.keys(options)) {
+    if (!KNOWN_OPTIONS.has(name) && !extraKnown?.has(name)) {
+      throw new IdempotencyOptionsError(name, `is not an oncely option; known options: ${[...KNOWN_OPTIONS].join(', ')}.`);
+    }
+  }
+  const o = options;
+  return {
+    store: o.store === undefined ? (base?.store ?? new MemoryStore()) : checkStore(o.store),
+    ttlMs: o.ttl === undefined ? (base?.ttlMs ?? 86_400_000) : positiveDuration('ttl', o.ttl),
+    lockTimeoutMs:
+      o.lockTimeout === undefined ? (base?.lockTimeoutMs ?? 30_000) : positiveDuration('lockTimeout', o.lockTimeout),
+    header: o.header === undefined ? (base?.header ?? 'idempotency-key') : checkHeader(o.header),
+    maxKeyLength:
+      o.maxKeyLength === undefined ? (base?.maxKeyLength ?? 255) : positiveInteger('maxKeyLength', o.maxKeyLength),
+    required: o.required === undefined ? (base?.required ?? false) : checkBoolean('required', o.required),
+    methods:
+      o.methods === undefined ? (base?.methods ?? new Set(['POST', 'PUT', 'PATCH'])) : checkMethods(o.methods),
+    scope: o.scope === undefined ? base?.scope : checkFunction('scope', o.scope),
+    fingerprint: o.fingerprint === undefined ? base?.fingerprint : checkFingerprint(o.fingerprint),
+    waitMs: o.inProgress === undefined ? base?.waitMs : checkInProgress(o.inProgress),
+    inProgressStatus:
+      o.inProgressStatus === undefined ? (base?.inProgressStatus ?? 409) : checkInProgressStatus(o.inProgressStatus),
+    cacheable: o.cacheable === undefined ? (base?.cacheable ?? defaultCacheable) : checkFunction('cacheable', o.cacheable),
+    maxBodyBytes:
+      o.maxBodyBytes === undefined ? (base?.maxBodyBytes ?? 1_048_576) : positiveInteger('maxBodyBytes', o.maxBodyBytes),
+    excludedHeaders:
+      o.excludeHeaders === undefined
+        ? (base?.excludedHeaders ?? new Set(ALWAYS_EXCLUDED_HEADERS))
+        : checkExcludeHeaders(o.excludeHeaders),
+    failOpen: o.onStoreError === undefined ? (base?.failOpen ?? false) : checkOnStoreError(o.onStoreError),
+    logger: o.logger === undefined ? base?.logger : checkLogger(o.logger),
+    hooks: o.hooks === undefined ? (base?.hooks ?? {}) : checkHooks(o.hooks),
+  };
+}
+
+function checkStore(store: IdempotencyStore): IdempotencyStore {
+  for (const method of ['acquire', 'complete', 'release', 'renew'] as const) {
+    if (typeof store?.[method] !== 'function') {
+      throw new IdempotencyOptionsError(
+        'store',
+        `must implement the IdempotencyStore interface (missing ${method}()); use new MemoryStore() or a store package such as @oncely/redis.`,
+      );
+    }
+  }
+  return store;
+}
+
+function positiveDuration(name: string, value: unknown): number {
+  let ms: number;
+  try {
+    ms = parseDuration(value as string);
+  } catch {
+    throw new IdempotencyOptionsError(
+      name,
+      `must be a duration: a number of milliseconds or a string like '30s', '24h'; got ${JSON.stringify(value)}.`,
+    );
+  }
+  if (ms < 1) throw new IdempotencyOptionsError(name, `must be at least 1ms; got ${JSON.stringify(value)}.`);
+  return ms;
+}
+
+function positiveInteger(name: string, value: unknown): number {
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 1) {
+    throw new IdempotencyOptionsError(name, `must be a positive integer; got ${JSON.stringify(value)}.`);
+  }
+  return value;
+}
+
+function checkBoolean(name: string, value: unknown): boolean {
+  if (typeof value !== 'boolean') {
+    throw new IdempotencyOptionsError(name, `must be true or false; got ${JSON.stringify(value)}.`);
+  }
+  return value;
+}
+
+function checkFunction<F>(name: string, value: F): F {
+  if (typeof value !== 'function') {
+    throw new IdempotencyOptionsError(name, `must be a function; got ${typeof value}.`);
+  }
+  return value;
+}
+
+function checkHeader(value: unknown): string {
+  if (typeof value !== 'string' || !TOKEN.test(value)) {
+    throw new IdempotencyOptionsError('header', `must be a valid header name like 'Idempotency-Key'; got ${JSON.stringify(value)}.`);
+  }
+  return value.toLowerCase();
+}
+
+function checkMethods(value: unknown): ReadonlySet<string> {
+  if (!Array.isArray(value) || value.some((m) => typeof m !== 'string' || !TOKEN.test(m))) {
+    throw new IdempotencyOptionsError('methods', `must be an array of HTTP methods like ['POST', 'PUT']; got ${JSON.stringify(value)}.`);
+  }
+  return new Set(value.map((m: string) => m.toUpperCase()));
+}
+
+function checkFingerprint<Req>(value: unknown): ((req: Req) => string) | false {
+  if (value === false || typeof value === 'function') return value as ((req: Req) => string) | false;
+  throw new IdempotencyOptionsError('fingerprint', `must be a function (req) => string, or false to disable the reuse check; got ${JSON.stringify(value)}.`);
+}
+
+function checkInProgress(value: unknown): number | undefined {
+  if (value === 'reject') return undefined;
+  if (value !== null && typeof value === 'object' && 'wait' in value) {
+    return positiveDuration('inProgress.wait', (value as { wait: unknown }).wait);
+  }
+  throw new IdempotencyOptionsError('inProgress', `must be 'reject' or { wait: duration } such as { wait: '10s' }; got ${JSON.stringify(value)}.`);
+}
+
+function checkInProgressStatus(value: unknown): 409 | 429 {
+  if (value === 409 || value === 429) return value;
+  throw new IdempotencyOptionsError('inProgressStatus', `must be 409 or 429; got ${JSON.stringify(value)}.`);
+}
+
+function checkExcludeHeaders(value: unknown): ReadonlySet<string> {
+  if (!Array.isArray(value) || value.some((h) => typeof h !== 'string')) {
+    throw new IdempotencyOptionsError('excludeHeaders', `must be an array of header names like ['x-request-id']; got ${JSON.stringify(value)}.`);
+  }
+  return new Set([...ALWAYS_EXCLUDED_HEADERS, ...value.map((h: string) => h.toLowerCase())]);
+}
+
+function checkOnStoreError(value: unknown): boolean {
+  if (value === 'fail-closed') return false;
+  if (value === 'fail-open') return true;
+  throw new IdempotencyOptionsError('onStoreError', `must be 'fail-closed' or 'fail-open'; got ${JSON.stringify(value)}.`);
+}
+
+function checkLogger(value: Logger): Logger {
+  for (const level of ['debug', 'info', 'warn', 'error'] as const) {
+    if (typeof value?.[level] !== 'function') {
+      throw new IdempotencyOptionsError('logger', `must be a pino-compatible logger with a ${level}() method.`);
+    }
+  }
+  return value;
+}
+
+function checkHooks(value: IdempotencyHooks): IdempotencyHooks {
+  if (value === null || typeof value !== 'object') {
+    throw new IdempotencyOptionsError('hooks', 'must be an object of callbacks such as { onHit(event) {} }.');
+  }
+  for (const [name, hook] of Object.entries(value)) {
+    if (typeof hook !== 'function') throw new IdempotencyOptionsError(`hooks.${name}`, 'must be a function.');
+  }
+  return { ...value };
+}

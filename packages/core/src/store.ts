@@ -1,0 +1,70 @@
+/** A response as a store keeps it: status, the headers worth replaying, and the body bytes. */
+export interface StoredResponse {
+  status: number;
+  headers: Record<string, string | string[]>;
+  body: Uint8Array;
+}
+
+export type RecordState = 'in_progress' | 'completed';
+
+/** One idempotency record, as `get()` returns it. Times are epoch milliseconds on the store's clock. */
+export interface IdempotencyRecord {
+  fingerprint: string;
+  state: RecordState;
+  token: string;
+  lockExpiresAt: number;
+  response?: StoredResponse;
+  expiresAt: number;
+}
+
+export interface AcquireOptions {
+  /** Fingerprint of the request; stored with a new record and returned with an existing one. */
+  fingerprint: string;
+  /** Lease of the new in-progress record, in ms. */
+  lockTimeoutMs: number;
+}
+
+/** There was no live record (or only an in-progress one whose lease ran out): the caller owns the key. */
+export interface AcquiredResult {
+  status: 'acquired';
+  token: string;
+}
+/** Another owner holds a live lease on the key. */
+export interface InProgressResult {
+  status: 'in_progress';
+  fingerprint: string;
+  retryAfterMs: number;
+}
+/** The key holds a completed record: this is its stored response. */
+export interface CompletedResult {
+  status: 'completed';
+  fingerprint: string;
+  response: StoredResponse;
+}
+export type AcquireResult = AcquiredResult | InProgressResult | CompletedResult;
+
+/**
+ * The atomic steps a store implements (contract §4). Stores hold no policy: the engine decides what to do
+ * with each result. Every method is one atomic operation, and one round trip on a networked store.
+ *
+ * Ownership: a token owns its record from `acquire` until the record completes, is released, or its lease
+ * (`lockExpiresAt`) runs out. `complete`, `release` and `renew` resolve to `true` only while the token owns the
+ * record, so an owner whose lease expired — and may have been taken over — can never overwrite or delete it.
+ */
+export interface IdempotencyStore {
+  acquire(key: string, options: AcquireOptions): Promise<AcquireResult>;
+  complete(key: string, token: string, response: StoredResponse, ttlMs: number): Promise<boolean>;
+  release(key: string, token: string): Promise<boolean>;
+  renew(key: string, token: string, lockTimeoutMs: number): Promise<boolean>;
+  /** The live record under `key`, if any. */
+  get?(key: string): Promise<IdempotencyRecord | undefined>;
+  /** Removes the record under `key` whatever its state (an operator's tool, not used by the engine). */
+  delete?(key: string): Promise<boolean>;
+  /**
+   * Resolves once `key` is no longer held by a live lease (completed, released or gone), or after `timeoutMs`,
+   * whichever comes first; resolves at once if the key is not held now. Lets wait mode wake on completion
+   * instead of polling. Optional: the engine polls with backoff when a store lacks it.
+   */
+  waitFor?(key: string, timeoutMs: number): Promise<void>;
+  close?(): Promise<void>;
+}

@@ -1,0 +1,97 @@
+import type { AddressInfo } from 'node:net';
+import type { AdapterHarness, TestApp, TestAppOptions } from '@oncely/testing';
+import type { Express, NextFunction, Request, Response } from 'express';
+import { idempotency } from '../src';
+
+type ExpressFactory = (() => Express) & { json: typeof import('express').json; text: typeof import('express').text };
+
+function streamBytes(): Buffer {
+  const body = Buffer.alloc(10_000);
+  for (let i = 0; i < body.length; i++) body[i] = (i * 7) % 256;
+  return body;
+}
+
+/** The suite's routes (see TestApp in @oncely/testing), on Express. */
+export function expressHarness(name: string, express: ExpressFactory): AdapterHarness {
+  return {
+    name,
+    async create(options: TestAppOptions): Promise<TestApp> {
+      const counts = new Map<string, number>();
+      const count = (route: string) => {
+        const n = (counts.get(route) ?? 0) + 1;
+        counts.set(route, n);
+        return n;
+      };
+      const app = express();
+      app.use(express.json());
+      app.use(idempotency(options));
+      const charges = (req: Request, res: Response) => {
+        const n = count('charges');
+        const reply = () => {
+          res.setHeader('x-charge-id', String(n));
+          res.setHeader('set-cookie', `session=${n}`);
+          res.status(req.method === 'GET' || req.method === 'DELETE' ? 200 : 201).json({ id: n, amount: req.body?.amount ?? null });
+        };
+        const delay = Number(req.query.delay ?? 0);
+        if (delay > 0) setTimeout(reply, delay);
+        else reply();
+      };
+      app.all('/charges', charges);
+      app.post('/status/:code', (req, res) => {
+        res.status(Number(req.params.code)).json({ n: count('status') });
+      });
+      app.post('/throw', (req) => {
+        count('throw');
+        throw Object.assign(new Error('boom'), req.query.status ? { status: Number(req.query.status) } : {});
+      });
+      app.post('/reject', (_req, _res, next) => {
+        count('reject');
+        setImmediate(() => next(new Error('async boom')));
+      });
+      app.post('/binary', (_req, res) => {
+        count('binary');
+        const body = Buffer.alloc(1024);
+        for (let i = 0; i < body.length; i++) body[i] = i % 256;
+        res.type('application/octet-stream').send(body);
+      });
+      app.post('/stream', (_req, res) => {
+        count('stream');
+        res.setHeader('content-type', 'application/octet-stream');
+        const body = streamBytes();
+        let i = 0;
+        const next = () => {
+          if (i === 10) return void res.end();
+          res.write(body.subarray(i * 1000, ++i * 1000));
+          setImmediate(next);
+        };
+        next();
+      });
+      app.post('/big', (req, res) => {
+        count('big');
+        res.type('text/plain').send('x'.repeat(Number(req.query.size)));
+      });
+      app.post('/text', (_req, res) => {
+        count('text');
+        res.type('text/plain').send('héllo wörld ✓');
+      });
+      app.post('/key', (req, res) => {
+        res.json({ key: req.idempotencyKey ?? null });
+      });
+      app.use((err: Error & { status?: number }, _req: Request, res: Response, _next: NextFunction) => {
+        res.status(err.status ?? 500).json({ error: err.message });
+      });
+      const server = app.listen(0, '127.0.0.1');
+      await new Promise((resolve) => server.once('listening', resolve));
+      const { port } = server.address() as AddressInfo;
+      return {
+        url: `http://127.0.0.1:${port}`,
+        count: (route) => counts.get(route) ?? 0,
+        close: () =>
+          new Promise<void>((resolve) => {
+            server.closeAllConnections();
+            server.close(() => resolve());
+          }),
+      };
+    },
+  };
+}

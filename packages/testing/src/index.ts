@@ -1,0 +1,12 @@
+export {
+  type AdapterHarness,
+  brokenStore,
+  expectedBinary,
+  expectedStream,
+  httpBehaviourSuite,
+  recordingLogger,
+  type TestApp,
+  type TestAppOptions,
+  type TestRequest,
+} from './http-suite';
+export { binaryBody, type StoreSuiteOptions, storeContractSuite } from './store-suite';
