@@ -1,0 +1,4 @@
+import { httpBehaviourSuite } from '@oncely/testing';
+import { fastifyHarness } from './harness';
+
+httpBehaviourSuite(fastifyHarness);
