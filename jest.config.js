@@ -10,6 +10,9 @@ module.exports = {
   },
   transform: {
     '^.+\\.ts$': ['ts-jest', { tsconfig: '<rootDir>/tsconfig.test.json' }],
+    // cookie@2 (used by fastify.inject) ships ESM only, which jest cannot require on Node 20: transpile it.
+    '/node_modules/cookie/.+\\.js$': ['ts-jest', { tsconfig: { allowJs: true, module: 'commonjs' } }],
   },
+  transformIgnorePatterns: ['^(?!.*/node_modules/cookie/).*/node_modules/'],
   testTimeout: 30000,
 };

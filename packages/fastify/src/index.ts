@@ -6,13 +6,12 @@ import {
   type StoredResponse,
 } from '@oncely/core';
 import type {
-  FastifyPluginCallback,
+  FastifyInstance,
   FastifyReply,
   FastifyRequest,
   onErrorHookHandler,
   onSendHookHandler,
   preHandlerHookHandler,
-  RouteHandlerMethod,
 } from 'fastify';
 import fp from 'fastify-plugin';
 
@@ -38,7 +37,7 @@ declare module 'fastify' {
   }
 }
 
-const kState = Symbol('oncely.fastify.state');
+const kState = Symbol.for('oncely.fastify.state');
 
 interface RequestState {
   execution: Execution | undefined;
@@ -48,17 +47,16 @@ type StatefulRequest = FastifyRequest & { [kState]: RequestState | null };
 
 const PLUGIN_OPTIONS = new Set(['global']);
 
-function idempotencyPluginCallback(
-  fastify: Parameters<FastifyPluginCallback<FastifyIdempotencyOptions>>[0],
-  options: FastifyIdempotencyOptions,
-  done: (err?: Error) => void,
-): void {
+async function idempotencyPluginAsync(fastify: FastifyInstance, options: FastifyIdempotencyOptions): Promise<void> {
   const { global = true, ...shared } = options;
   // Options are checked here, once; route options are checked when each route is added.
   const engine = new Idempotency<FastifyRequest>(shared, undefined, PLUGIN_OPTIONS);
 
-  fastify.decorateRequest('idempotencyKey', undefined);
-  fastify.decorateRequest(kState, null);
+  // A second registration (say, in a child context) shares the decorators of the first.
+  if (!fastify.hasRequestDecorator(kState)) {
+    fastify.decorateRequest('idempotencyKey', undefined);
+    fastify.decorateRequest(kState, null);
+  }
 
   fastify.addHook('onRoute', (route) => {
     const config = route.config?.idempotency;
@@ -97,6 +95,8 @@ function idempotencyPluginCallback(
       return out;
     };
 
+    // Fastify runs onError for an error thrown or rejected by the handler or a later hook, before the error
+    // handler's response reaches onSend: noting it there releases the key whatever status that response has.
     const onError: onErrorHookHandler = async function oncelyOnError(request, _reply, error) {
       const state = (request as StatefulRequest)[kState];
       if (state !== null && state.error === undefined) state.error = error;
@@ -105,30 +105,7 @@ function idempotencyPluginCallback(
     route.preHandler = [...toArray(route.preHandler), preHandler];
     route.onSend = [...toArray(route.onSend), onSend];
     route.onError = [...toArray(route.onError), onError];
-    route.handler = observeErrors(route.handler);
   });
-  done();
-}
-
-/** Notes an error the handler throws or rejects with, so the key is released whatever the error handler answers. */
-function observeErrors(handler: RouteHandlerMethod): RouteHandlerMethod {
-  return function oncelyHandler(this: ThisParameterType<RouteHandlerMethod>, request, reply) {
-    const note = (error: unknown): never => {
-      const state = (request as StatefulRequest)[kState];
-      if (state !== null && state.error === undefined) state.error = error ?? new Error('handler failed');
-      throw error;
-    };
-    let result: unknown;
-    try {
-      result = handler.call(this, request, reply);
-    } catch (error) {
-      note(error);
-    }
-    if (result !== null && typeof result === 'object' && typeof (result as Promise<unknown>).then === 'function') {
-      return (result as Promise<unknown>).then(undefined, note);
-    }
-    return result;
-  } as RouteHandlerMethod;
 }
 
 function toArray<T>(value: T | T[] | undefined): T[] {
@@ -199,5 +176,5 @@ async function collect(payload: unknown, limit: number): Promise<Collected> {
  * after it (or, with `global: false`, only routes with `config.idempotency`); hooks go on covered routes only,
  * so other routes pay nothing.
  */
-export const idempotencyPlugin = fp(idempotencyPluginCallback, { fastify: '5.x', name: '@oncely/fastify' });
+export const idempotencyPlugin = fp(idempotencyPluginAsync, { fastify: '5.x', name: '@oncely/fastify' });
 export default idempotencyPlugin;

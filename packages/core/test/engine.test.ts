@@ -1,0 +1,251 @@
+import {
+  type HttpDecision,
+  type HttpRequestInput,
+  Idempotency,
+  IdempotencyOptionsError,
+  type IdempotencyStore,
+  MemoryStore,
+} from '@oncely/core';
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+function input(key: string | undefined, body: unknown = { a: 1 }): HttpRequestInput<unknown> {
+  return {
+    method: 'POST',
+    url: '/charges',
+    headers: key === undefined ? {} : { 'idempotency-key': key },
+    body,
+    request: {},
+  };
+}
+
+const ok = { status: 201, headers: { 'content-type': 'application/json' }, body: Buffer.from('{"id":1}') };
+
+function expectExecute(decision: HttpDecision) {
+  if (decision.action !== 'execute') throw new Error(`expected execute, got ${decision.action}`);
+  return decision.execution;
+}
+
+describe('options are checked once, at construction', () => {
+  test.each([
+    [{ ttl: 'soon' }, 'ttl'],
+    [{ ttl: 0 }, 'ttl'],
+    [{ lockTimeout: -5 }, 'lockTimeout'],
+    [{ header: 'bad header' }, 'header'],
+    [{ maxKeyLength: 0 }, 'maxKeyLength'],
+    [{ required: 'yes' }, 'required'],
+    [{ methods: 'POST' }, 'methods'],
+    [{ scope: 'tenant' }, 'scope'],
+    [{ fingerprint: true }, 'fingerprint'],
+    [{ inProgress: 'wait' }, 'inProgress'],
+    [{ inProgress: { wait: 'forever' } }, 'inProgress.wait'],
+    [{ inProgressStatus: 423 }, 'inProgressStatus'],
+    [{ cacheable: true }, 'cacheable'],
+    [{ maxBodyBytes: 1.5 }, 'maxBodyBytes'],
+    [{ excludeHeaders: 'x-a' }, 'excludeHeaders'],
+    [{ onStoreError: 'ignore' }, 'onStoreError'],
+    [{ logger: { info() {} } }, 'logger'],
+    [{ hooks: { onHit: 1 } }, 'hooks.onHit'],
+    [{ store: {} }, 'store'],
+    [{ ttlMs: 5 }, 'ttlMs'],
+  ])('%p is refused, naming %s and the fix', (options, name) => {
+    let error: unknown;
+    try {
+      new Idempotency(options as never);
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(IdempotencyOptionsError);
+    expect((error as IdempotencyOptionsError).option).toBe(name);
+    expect((error as Error).message).toMatch(new RegExp(`^oncely: option "${name.replace('.', '\\.')}" `));
+    expect((error as Error).message.length).toBeGreaterThan(`oncely: option "${name}" `.length + 15);
+  });
+
+  test('the caller’s options object is never modified', () => {
+    const options = Object.freeze({ ttl: '1h', methods: Object.freeze(['post']), hooks: Object.freeze({}) });
+    const engine = new Idempotency(options);
+    expect(engine.options.ttlMs).toBe(3_600_000);
+    expect(engine.covers('POST')).toBe(true);
+    expect(options).toEqual({ ttl: '1h', methods: ['post'], hooks: {} });
+  });
+
+  test('defaults are those of contract §2', () => {
+    const o = new Idempotency().options;
+    expect(o.ttlMs).toBe(86_400_000);
+    expect(o.lockTimeoutMs).toBe(30_000);
+    expect(o.header).toBe('idempotency-key');
+    expect(o.maxKeyLength).toBe(255);
+    expect(o.required).toBe(false);
+    expect([...o.methods]).toEqual(['POST', 'PUT', 'PATCH']);
+    expect(o.inProgressStatus).toBe(409);
+    expect(o.waitMs).toBeUndefined();
+    expect(o.cacheable(499)).toBe(true);
+    expect(o.cacheable(500)).toBe(false);
+    expect(o.maxBodyBytes).toBe(1_048_576);
+    expect(o.failOpen).toBe(false);
+    expect(o.store).toBeInstanceOf(MemoryStore);
+  });
+
+  test('with() overrides some options and keeps the rest, store included', () => {
+    const base = new Idempotency({ ttl: '1h', required: true });
+    const route = base.with({ ttl: '2h' });
+    expect(route.options.ttlMs).toBe(7_200_000);
+    expect(route.options.required).toBe(true);
+    expect(route.options.store).toBe(base.options.store);
+  });
+});
+
+describe('lease renewal and fencing', () => {
+  test('the lease is renewed while the handler runs, so a long handler is not taken over', async () => {
+    const store = new MemoryStore();
+    const engine = new Idempotency({ store, lockTimeout: 90 });
+    const execution = expectExecute(await engine.handle(input('long')));
+    await sleep(400); // more than four leases
+    const second = await engine.handle(input('long'));
+    expect(second.action).toBe('respond');
+    if (second.action === 'respond') expect(second.response.status).toBe(409);
+    await execution.complete(ok);
+    const replay = await engine.handle(input('long'));
+    expect(replay.action === 'respond' && replay.replayed).toBe(true);
+    await store.close();
+  });
+
+  test('renewal stops when the execution settles', async () => {
+    const store = new MemoryStore();
+    let renewals = 0;
+    const counting: IdempotencyStore = {
+      acquire: (k, o) => store.acquire(k, o),
+      complete: (k, t, r, ttl) => store.complete(k, t, r, ttl),
+      release: (k, t) => store.release(k, t),
+      renew: (k, t, ms) => {
+        renewals++;
+        return store.renew(k, t, ms);
+      },
+    };
+    const engine = new Idempotency({ store: counting, lockTimeout: 60 });
+    const execution = expectExecute(await engine.handle(input('renewals')));
+    await sleep(150);
+    await execution.complete(ok);
+    const after = renewals;
+    expect(after).toBeGreaterThanOrEqual(2);
+    await sleep(150);
+    expect(renewals).toBe(after);
+    await store.close();
+  });
+
+  test('an owner whose lease was taken over is fenced: its completion is refused and reported', async () => {
+    const store = new MemoryStore();
+    const fenced: string[] = [];
+    // A store that never renews, as if the owner were stalled past its lease.
+    const stalled: IdempotencyStore = {
+      acquire: (k, o) => store.acquire(k, o),
+      complete: (k, t, r, ttl) => store.complete(k, t, r, ttl),
+      release: (k, t) => store.release(k, t),
+      renew: async () => true,
+    };
+    const warnings: string[] = [];
+    const logger = { debug() {}, info() {}, error() {}, warn: (_o: object, msg?: string) => void warnings.push(msg ?? '') };
+    const engine = new Idempotency({ store: stalled, lockTimeout: 50, logger, hooks: { onFenced: (e) => fenced.push(e.operation) } });
+    const first = expectExecute(await engine.handle(input('fenced')));
+    await sleep(150);
+    const second = expectExecute(await engine.handle(input('fenced')));
+    await first.complete({ ...ok, body: Buffer.from('stale') });
+    expect(fenced).toEqual(['complete']);
+    expect(warnings.some((w) => /lost its lease/.test(w))).toBe(true);
+    await second.complete({ ...ok, body: Buffer.from('fresh') });
+    const replay = await engine.handle(input('fenced'));
+    if (replay.action !== 'respond') throw new Error('expected a replay');
+    expect(Buffer.from(replay.response.body).toString()).toBe('fresh');
+    await store.close();
+  });
+
+  test('a failed renewal does not end the execution; a later one may succeed', async () => {
+    const store = new MemoryStore();
+    let calls = 0;
+    const flaky: IdempotencyStore = {
+      acquire: (k, o) => store.acquire(k, o),
+      complete: (k, t, r, ttl) => store.complete(k, t, r, ttl),
+      release: (k, t) => store.release(k, t),
+      renew: (k, t, ms) => (++calls === 1 ? Promise.reject(new Error('timeout')) : store.renew(k, t, ms)),
+    };
+    const errors: string[] = [];
+    const engine = new Idempotency({ store: flaky, lockTimeout: 150, hooks: { onStoreError: (e) => errors.push(e.operation) } });
+    const execution = expectExecute(await engine.handle(input('flaky')));
+    await sleep(400);
+    expect(errors).toEqual(['renew']);
+    expect(calls).toBeGreaterThanOrEqual(2);
+    expect((await engine.handle(input('flaky'))).action).toBe('respond');
+    await execution.complete(ok);
+    await store.close();
+  });
+});
+
+describe('wait mode without a store wake-up', () => {
+  test('polls with backoff and replays once the first request completes', async () => {
+    const store = new MemoryStore();
+    let acquires = 0;
+    const noWake: IdempotencyStore = {
+      acquire: (k, o) => {
+        acquires++;
+        return store.acquire(k, o);
+      },
+      complete: (k, t, r, ttl) => store.complete(k, t, r, ttl),
+      release: (k, t) => store.release(k, t),
+      renew: (k, t, ms) => store.renew(k, t, ms),
+    };
+    const engine = new Idempotency({ store: noWake, inProgress: { wait: '5s' } });
+    const first = expectExecute(await engine.handle(input('poll')));
+    const waiting = engine.handle(input('poll'));
+    await sleep(500);
+    await first.complete(ok);
+    const decision = await waiting;
+    expect(decision.action === 'respond' && decision.replayed).toBe(true);
+    // Backoff, not a busy loop: 500ms of waiting costs a handful of acquires, not hundreds.
+    expect(acquires).toBeLessThan(15);
+    await store.close();
+  });
+});
+
+describe('execution outcomes', () => {
+  test('complete and fail are idempotent: only the first counts', async () => {
+    const engine = new Idempotency();
+    const execution = expectExecute(await engine.handle(input('once')));
+    await execution.complete(ok);
+    await execution.fail(new Error('late'));
+    await execution.complete({ ...ok, status: 500 });
+    const replay = await engine.handle(input('once'));
+    expect(replay.action === 'respond' && replay.response.status).toBe(201);
+  });
+
+  test('a store failure while completing is reported, not thrown', async () => {
+    const store = new MemoryStore();
+    const errors: string[] = [];
+    const breaking: IdempotencyStore = {
+      acquire: (k, o) => store.acquire(k, o),
+      complete: () => Promise.reject(new Error('down')),
+      release: () => Promise.reject(new Error('down')),
+      renew: (k, t, ms) => store.renew(k, t, ms),
+    };
+    const engine = new Idempotency({ store: breaking, hooks: { onStoreError: (e) => errors.push(e.operation) } });
+    await expect(expectExecute(await engine.handle(input('c1'))).complete(ok)).resolves.toBeUndefined();
+    await expect(expectExecute(await engine.handle(input('c2'))).fail(new Error('x'))).resolves.toBeUndefined();
+    expect(errors).toEqual(['complete', 'release']);
+    await store.close();
+  });
+
+  test('a fail-open execution touches no store', async () => {
+    let calls = 0;
+    const down: IdempotencyStore = {
+      acquire: () => Promise.reject(new Error('down')),
+      complete: async () => ++calls > 0,
+      release: async () => ++calls > 0,
+      renew: async () => ++calls > 0,
+    };
+    const engine = new Idempotency({ store: down, onStoreError: 'fail-open', lockTimeout: 30 });
+    const execution = expectExecute(await engine.handle(input('open')));
+    expect(execution.protected).toBe(false);
+    await sleep(100);
+    await execution.complete(ok);
+    expect(calls).toBe(0);
+  });
+});

@@ -1,0 +1,94 @@
+import { canonicalJson, defaultFingerprint, parseDuration, parseKey } from '@oncely/core';
+
+describe('parseDuration', () => {
+  test.each([
+    [0, 0],
+    [1500, 1500],
+    ['250ms', 250],
+    ['30s', 30_000],
+    ['1.5s', 1500],
+    ['5m', 300_000],
+    ['24h', 86_400_000],
+    ['7d', 604_800_000],
+    [' 10s ', 10_000],
+  ])('%p is %p ms', (input, ms) => {
+    expect(parseDuration(input)).toBe(ms);
+  });
+
+  test.each([-1, Number.NaN, Number.POSITIVE_INFINITY, '', '10', '10 years', 's', '-5s', '1e3ms'])('%p is refused', (input) => {
+    expect(() => parseDuration(input)).toThrow(/Invalid duration/);
+  });
+});
+
+describe('parseKey', () => {
+  test.each([
+    ['abc', 'abc'],
+    ['  abc\t', 'abc'],
+    ['"abc"', 'abc'],
+    ['"a\\"b"', 'a"b'],
+    ['"a\\\\b"', 'a\\b'],
+    ['8e03978e-40d5-43e8-bc93-6894a57f9324', '8e03978e-40d5-43e8-bc93-6894a57f9324'],
+    ['!#$%&*+-.^_`|~', '!#$%&*+-.^_`|~'],
+  ])('%p reads as %p', (raw, key) => {
+    expect(parseKey(raw, 255)).toBe(key);
+  });
+
+  test.each([
+    ['', 'empty'],
+    ['""', 'empty'],
+    ['a b', 'not-visible-ascii'],
+    ['"a b"', 'not-visible-ascii'],
+    ['caf\u00e9', 'not-visible-ascii'],
+    ['a\u0000', 'not-visible-ascii'],
+    ['"abc', 'malformed-string'],
+    ['"a\\b"', 'malformed-string'],
+    ['"abc"x', 'malformed-string'],
+    ['"\u00e9"', 'malformed-string'],
+    ['k'.repeat(256), 'too-long'],
+    ['x'.repeat(100_000), 'too-long'],
+  ])('%p is refused as %p', (raw, problem) => {
+    expect(parseKey(raw, 255)).toEqual({ problem });
+  });
+
+  test('several values (an array) are refused', () => {
+    expect(parseKey(['a', 'b'], 255)).toEqual({ problem: 'multiple-values' });
+  });
+
+  test('maxLength applies to the unquoted key', () => {
+    expect(parseKey(`"${'k'.repeat(10)}"`, 10)).toBe('k'.repeat(10));
+    expect(parseKey('k'.repeat(11), 10)).toEqual({ problem: 'too-long' });
+  });
+});
+
+describe('fingerprint', () => {
+  test('canonical JSON sorts keys at every depth and drops undefined like JSON.stringify', () => {
+    expect(canonicalJson({ b: 1, a: { d: [3, { f: 1, e: 2 }], c: null }, u: undefined })).toBe(
+      '{"a":{"c":null,"d":[3,{"e":2,"f":1}]},"b":1}',
+    );
+    expect(canonicalJson(new Date(0))).toBe('"1970-01-01T00:00:00.000Z"');
+    expect(canonicalJson([undefined])).toBe('[null]');
+  });
+
+  test('key order and query parameter order do not change it', () => {
+    expect(defaultFingerprint('POST', '/a?x=1&y=2', { a: 1, b: 2 })).toBe(defaultFingerprint('POST', '/a?y=2&x=1', { b: 2, a: 1 }));
+  });
+
+  test.each([
+    ['method', ['PUT', '/a', { a: 1 }]],
+    ['path', ['POST', '/b', { a: 1 }]],
+    ['query', ['POST', '/a?x=1', { a: 1 }]],
+    ['body', ['POST', '/a', { a: 2 }]],
+    ['no body', ['POST', '/a', undefined]],
+  ] as const)('a different %s changes it', (_label, args) => {
+    expect(defaultFingerprint(...args)).not.toBe(defaultFingerprint('POST', '/a', { a: 1 }));
+  });
+
+  test('a raw body is hashed as bytes: a Buffer and the same string agree', () => {
+    expect(defaultFingerprint('POST', '/a', Buffer.from('hello'))).toBe(defaultFingerprint('POST', '/a', 'hello'));
+    expect(defaultFingerprint('POST', '/a', Buffer.from([1, 2]))).not.toBe(defaultFingerprint('POST', '/a', Buffer.from([1, 3])));
+  });
+
+  test('path and query cannot be confused with each other', () => {
+    expect(defaultFingerprint('POST', '/a?b', undefined)).not.toBe(defaultFingerprint('POST', '/a%3Fb', undefined));
+  });
+});

@@ -1,0 +1,117 @@
+import { Writable } from 'node:stream';
+import { IdempotencyOptionsError } from '@oncely/core';
+import { brokenStore } from '@oncely/testing';
+import Fastify, { type FastifyInstance } from 'fastify';
+import idempotencyPluginDefault, { idempotencyPlugin } from '../src';
+
+const post = (app: FastifyInstance, url: string, key?: string, payload: object = {}) =>
+  app.inject({ method: 'POST', url, payload, headers: key === undefined ? {} : { 'idempotency-key': key } });
+
+describe('@oncely/fastify specifics', () => {
+  test('per-route config: an object overrides, false opts out, the rest use the plugin options', async () => {
+    const app = Fastify();
+    await app.register(idempotencyPlugin);
+    let runs = 0;
+    app.post('/required', { config: { idempotency: { required: true } } }, async () => ({ run: ++runs }));
+    app.post('/off', { config: { idempotency: false } }, async () => ({ run: ++runs }));
+    app.post('/default', async () => ({ run: ++runs }));
+    expect((await post(app, '/required')).statusCode).toBe(400);
+    expect((await post(app, '/default')).statusCode).toBe(200);
+    await post(app, '/off', 'k');
+    await post(app, '/off', 'k');
+    expect(runs).toBe(3);
+    await post(app, '/default', 'k');
+    const replay = await post(app, '/default', 'k');
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(runs).toBe(4);
+    await app.close();
+  });
+
+  test('global: false covers only routes whose config.idempotency is set', async () => {
+    const app = Fastify();
+    await app.register(idempotencyPlugin, { global: false });
+    let runs = 0;
+    app.post('/on', { config: { idempotency: true } }, async () => ({ run: ++runs }));
+    app.post('/plain', async () => ({ run: ++runs }));
+    await post(app, '/on', 'k');
+    expect((await post(app, '/on', 'k')).headers['idempotent-replayed']).toBe('true');
+    await post(app, '/plain', 'k');
+    await post(app, '/plain', 'k');
+    expect(runs).toBe(3);
+    await app.close();
+  });
+
+  test('a route config can cover a method the plugin does not', async () => {
+    const app = Fastify();
+    await app.register(idempotencyPlugin);
+    let runs = 0;
+    app.delete('/items/:id', { config: { idempotency: { methods: ['DELETE'] } } }, async () => ({ run: ++runs }));
+    await app.inject({ method: 'DELETE', url: '/items/1', headers: { 'idempotency-key': 'd' } });
+    const replay = await app.inject({ method: 'DELETE', url: '/items/1', headers: { 'idempotency-key': 'd' } });
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(runs).toBe(1);
+    await app.close();
+  });
+
+  test('schema validation failures happen before oncely and are not stored', async () => {
+    const app = Fastify();
+    await app.register(idempotencyPlugin);
+    let runs = 0;
+    app.post(
+      '/validated',
+      { schema: { body: { type: 'object', required: ['amount'], properties: { amount: { type: 'number' } } } } },
+      async () => ({ run: ++runs }),
+    );
+    expect((await post(app, '/validated', 'v', {})).statusCode).toBe(400);
+    const fixed = await post(app, '/validated', 'v', { amount: 1 });
+    expect(fixed.statusCode).toBe(200);
+    expect(fixed.headers['idempotent-replayed']).toBeUndefined();
+    expect(runs).toBe(1);
+    await app.close();
+  });
+
+  test('logs through request.log when no logger is given', async () => {
+    const lines: string[] = [];
+    const stream = new Writable({
+      write(chunk, _encoding, done) {
+        lines.push(String(chunk));
+        done();
+      },
+    });
+    const app = Fastify({ logger: { level: 'warn', stream } });
+    await app.register(idempotencyPlugin, { store: brokenStore() });
+    app.post('/charges', async () => ({ ok: true }));
+    const res = await post(app, '/charges', 'k');
+    expect(res.statusCode).toBe(503);
+    const line = lines.map((l) => JSON.parse(l) as { msg: string; reqId?: string }).find((l) => /store unavailable/.test(l.msg));
+    expect(line).toBeDefined();
+    expect(line?.reqId).toBeDefined(); // a child logger of the request, not the root one
+    await app.close();
+  });
+
+  test('bad plugin or route options fail at registration, naming the option', async () => {
+    const app = Fastify();
+    await expect(app.register(idempotencyPlugin, { ttl: 'never' })).rejects.toThrow(/option "ttl"/);
+    const app2 = Fastify();
+    await app2.register(idempotencyPlugin);
+    expect(() => app2.post('/x', { config: { idempotency: { inProgressStatus: 418 as 409 } } }, async () => ({}))).toThrow(
+      IdempotencyOptionsError,
+    );
+  });
+
+  test('the default export is the plugin, wrapped with fastify-plugin', () => {
+    expect(idempotencyPluginDefault).toBe(idempotencyPlugin);
+    const meta = (idempotencyPlugin as unknown as Record<symbol, { name: string }>)[Symbol.for('plugin-meta')];
+    expect(meta.name).toBe('@oncely/fastify');
+  });
+
+  test('registering the plugin twice does not make a request conflict with itself', async () => {
+    const app = Fastify();
+    await app.register(idempotencyPlugin);
+    await app.register(idempotencyPlugin);
+    app.post('/twice', async () => ({ ok: true }));
+    expect((await post(app, '/twice', 'k')).statusCode).toBe(200);
+    expect((await post(app, '/twice', 'k')).headers['idempotent-replayed']).toBe('true');
+    await app.close();
+  });
+});
