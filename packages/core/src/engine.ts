@@ -128,7 +128,7 @@ export class Idempotency<Req = unknown> {
           return { action: 'respond', response: replayOf(result.response), replayed: true };
         case 'in_progress': {
           if (o.fingerprint !== false && result.fingerprint !== fingerprint) return this.#mismatch(key, log);
-          this.#hook('onConflict', { key, retryAfterMs: result.retryAfterMs }, log);
+          if (polls === 0) this.#hook('onConflict', { key, retryAfterMs: result.retryAfterMs }, log);
           const now = Date.now();
           if (o.waitMs !== undefined) deadline ??= now + o.waitMs;
           if (deadline === undefined || now >= deadline) return this.#conflict(result.retryAfterMs);
@@ -143,7 +143,11 @@ export class Idempotency<Req = unknown> {
           } catch (error) {
             return this.#storeDown(key, error, log, clientKey);
           }
+          break;
         }
+        default:
+          // A store bug, not a decision: refuse rather than guess.
+          return this.#storeDown(key, new Error(`store.acquire() resolved to an unknown status ${JSON.stringify((result as { status?: unknown }).status)}`), log, clientKey);
       }
     }
   }

@@ -206,6 +206,29 @@ describe('wait mode without a store wake-up', () => {
   });
 });
 
+describe('store answers', () => {
+  test('an unknown acquire result is a store error (503), not a hang', async () => {
+    const odd: IdempotencyStore = {
+      acquire: async () => ({ status: 'maybe' }) as never,
+      complete: async () => true,
+      release: async () => true,
+      renew: async () => true,
+    };
+    const decision = await new Idempotency({ store: odd }).handle(input('odd'));
+    expect(decision.action === 'respond' && decision.response.status).toBe(503);
+  });
+
+  test('wait mode reports one conflict per request, however long it waits', async () => {
+    const conflicts: string[] = [];
+    const engine = new Idempotency({ inProgress: { wait: 300 }, hooks: { onConflict: (e) => conflicts.push(e.key) } });
+    const first = expectExecute(await engine.handle(input('w')));
+    const waited = await engine.handle(input('w'));
+    expect(waited.action === 'respond' && waited.response.status).toBe(409);
+    expect(conflicts).toEqual(['w']);
+    await first.complete(ok);
+  });
+});
+
 describe('execution outcomes', () => {
   test('complete and fail are idempotent: only the first counts', async () => {
     const engine = new Idempotency();
