@@ -131,7 +131,7 @@ export class Idempotency<Req = unknown> {
           if (polls === 0) this.#hook('onConflict', { key, retryAfterMs: result.retryAfterMs }, log);
           const now = Date.now();
           if (o.waitMs !== undefined) deadline ??= now + o.waitMs;
-          if (deadline === undefined || now >= deadline) return this.#conflict(result.retryAfterMs);
+          if (deadline === undefined || now >= deadline) return this.#conflict();
           // Sleep until the record changes, the lease runs out, or the wait ends; without a store wake-up,
           // poll with backoff (25ms doubling to 1s) rather than spin.
           const slice = Math.min(deadline - now, Math.max(result.retryAfterMs, 1));
@@ -183,15 +183,16 @@ export class Idempotency<Req = unknown> {
     );
   }
 
-  #conflict(retryAfterMs: number): HttpDecision {
+  #conflict(): HttpDecision {
     const status = this.options.inProgressStatus;
-    const seconds = Math.max(1, Math.ceil(retryAfterMs / 1000));
+    // Retry-After is 1s, not the remaining lease: the lease is renewed while the first request runs, so it says
+    // nothing about when that request ends; it only bounds how long a crashed owner blocks the key.
     return this.#problem(
       status,
       'inProgress',
       'Request in progress',
       'A request with this idempotency key is still being processed. Retry after it finishes.',
-      { 'retry-after': String(seconds) },
+      { 'retry-after': '1' },
     );
   }
 

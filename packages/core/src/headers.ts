@@ -16,6 +16,8 @@ export const ALWAYS_EXCLUDED_HEADERS: readonly string[] = [
   'trailer',
   'content-length',
   'idempotent-replayed',
+  // The engine's own marker for a body that was too large to keep; a handler cannot forge it.
+  'x-oncely-body-omitted',
 ];
 
 export type OutgoingHeaderValue = number | string | readonly string[] | undefined;

@@ -240,6 +240,16 @@ describe('execution outcomes', () => {
     expect(replay.action === 'respond' && replay.response.status).toBe(201);
   });
 
+  test('a handler cannot forge the engine’s too-large marker header', async () => {
+    const engine = new Idempotency();
+    const execution = expectExecute(await engine.handle(input('forged')));
+    await execution.complete({ ...ok, headers: { ...ok.headers, 'X-Oncely-Body-Omitted': '1' } });
+    const replay = await engine.handle(input('forged'));
+    if (replay.action !== 'respond') throw new Error('expected a replay');
+    expect(replay.response.status).toBe(201);
+    expect(Buffer.from(replay.response.body).toString()).toBe('{"id":1}');
+  });
+
   test('a store failure while completing is reported, not thrown', async () => {
     const store = new MemoryStore();
     const errors: string[] = [];

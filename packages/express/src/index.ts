@@ -46,7 +46,7 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
       req.body === undefined &&
       engine.options.fingerprint === undefined &&
       req.headers[engine.options.header] !== undefined &&
-      (req.headers['content-length'] ?? '0') !== '0'
+      ((req.headers['content-length'] ?? '0') !== '0' || req.headers['transfer-encoding'] !== undefined)
     ) {
       warnedNoBody = true;
       log?.warn({}, 'oncely: the request body was not parsed, so the fingerprint ignores it; mount express.json() (or another body parser) before idempotency()');
@@ -75,6 +75,9 @@ function send(res: Response, response: StoredResponse): void {
 }
 
 type WriteCallback = (error?: Error | null) => void;
+// The two overloads of write/end this file calls; `.call` on the overloaded originals picks the wrong one.
+type WriteFn = (this: Response, chunk: Buffer) => boolean;
+type EndFn = (this: Response, cb: () => void) => Response;
 type Chunk = string | Uint8Array;
 
 function toBuffer(chunk: Chunk, encoding: unknown): Buffer {
@@ -113,7 +116,7 @@ function capture(req: StatefulRequest, res: Response, execution: Execution): voi
     passThrough = true;
     res.write = write;
     res.writeHead = writeHead;
-    for (const chunk of chunks) write.call(res, chunk);
+    for (const chunk of chunks) (write as WriteFn).call(res, chunk);
     chunks.length = 0;
   };
 
@@ -166,10 +169,10 @@ function capture(req: StatefulRequest, res: Response, execution: Execution): voi
     if (size > execution.maxBodyBytes) {
       // Kept as executed with its status only (its replay is a 410); the body streams through now.
       if (!passThrough) startPassThrough();
-      else for (const extra of chunks) write.call(res, extra);
+      else for (const extra of chunks) (write as WriteFn).call(res, extra);
       res.end = end;
       const headers = res.getHeaders();
-      end.call(res, done);
+      (end as EndFn).call(res, done);
       void settle({ status: res.statusCode, headers, body: undefined });
       return this;
     }

@@ -10,3 +10,10 @@ export {
   type TestRequest,
 } from './http-suite';
 export { binaryBody, type StoreSuiteOptions, storeContractSuite } from './store-suite';
+export {
+  freePort,
+  type PrivateRedis,
+  type PrivateRedisCluster,
+  startRedis,
+  startRedisCluster,
+} from './servers';

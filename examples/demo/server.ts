@@ -1,0 +1,73 @@
+import { randomUUID } from 'node:crypto';
+import { createApp } from './app';
+
+const host = '127.0.0.1';
+const port = Number(process.env.PORT ?? 3000);
+if (!Number.isInteger(port) || port < 0 || port > 65535) {
+  console.error(`PORT must be a port number; got ${JSON.stringify(process.env.PORT)}`);
+  process.exit(1);
+}
+
+const SLOW_CHARGE_MS = 5000;
+const server = createApp({ slowChargeMs: SLOW_CHARGE_MS }).listen(port, host);
+
+server.on('error', (error: NodeJS.ErrnoException) => {
+  console.error(
+    error.code === 'EADDRINUSE'
+      ? `Port ${port} is in use. Run with another port: PORT=3001 pnpm start`
+      : `Could not start the demo: ${error.message}`,
+  );
+  process.exit(1);
+});
+
+server.on('listening', () => {
+  const address = server.address();
+  const url = `http://${host}:${typeof address === 'object' && address !== null ? address.port : port}`;
+  // Fresh keys on every start: the memory store forgets everything when the process stops.
+  const key = `demo-${randomUUID()}`;
+  const slowKey = `demo-${randomUUID()}`;
+  const post = (path: string, k: string, body: string) =>
+    `curl -i -w '\\n' -X POST ${url}${path} -H 'Idempotency-Key: ${k}' -H 'Content-Type: application/json' -d '${body}'`;
+  const body = '{"amount":1000,"currency":"eur"}';
+  const slowBody = '{"amount":500,"currency":"eur"}';
+
+  console.log(`oncely demo listening on ${url} (Express 5, in-memory store). Ctrl+C to stop.
+This terminal logs what the server does; run the commands below in another terminal, in order.
+
+1. First call: the handler runs and answers 201 Created with a new charge.
+
+   ${post('/charges', key, body)}
+
+2. The same call again, as a client retrying would: the stored 201 comes back, the same body byte for byte,
+   plus the header "Idempotent-Replayed: true". The handler does not run: no new "charge ... created" line here.
+
+   ${post('/charges', key, body)}
+
+3. A duplicate sent while the first request still runs. POST /slow-charges takes ${SLOW_CHARGE_MS / 1000} s. This line
+   sends one request in the background (&) and the same one again a second later: that second one gets
+   409 Conflict at once, with a Retry-After header and a problem+json body of type request-in-progress.
+   A few seconds later the first prints its 201. Send the same request once more afterwards: it is replayed.
+
+   ${post('/slow-charges', slowKey, slowBody)} & sleep 1; ${post('/slow-charges', slowKey, slowBody)}; wait
+
+4. The key of step 1 with a different body: 422 Unprocessable Entity, a problem+json body of type key-reused.
+   The stored charge is left as it was: step 2 still replays it.
+
+   ${post('/charges', key, '{"amount":9999,"currency":"eur"}')}
+
+5. An invalid key (a space is not allowed in a key): 400 Bad Request, problem+json of type key-invalid.
+
+   ${post('/charges', 'not a valid key', body)}
+
+Without an Idempotency-Key header the middleware stays out of the way: every call creates a new charge.
+
+   curl -i -w '\\n' -X POST ${url}/charges -H 'Content-Type: application/json' -d '${body}'
+`);
+});
+
+const stop = () => {
+  server.close(() => process.exit(0));
+  server.closeAllConnections();
+};
+process.on('SIGINT', stop);
+process.on('SIGTERM', stop);
