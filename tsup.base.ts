@@ -1,6 +1,11 @@
 import type { Options } from 'tsup';
 
-/** The one build every package shares: ESM + CJS + declarations for both, Node 20. */
+/**
+ * The one build every package shares: ESM + CJS + declarations for both (.d.ts / .d.cts), Node 20.
+ * esbuild's bundling already drops unused code; tsup's extra Rollup tree-shaking pass is off because it
+ * duplicated the sourceMappingURL comment and warned about named + default exports in the CJS output.
+ * `node:` specifiers are kept (tsup strips them by default), as the sources write them.
+ */
 export const packageBuild: Options = {
   entry: ['src/index.ts'],
   format: ['esm', 'cjs'],
@@ -8,6 +13,8 @@ export const packageBuild: Options = {
   clean: true,
   sourcemap: true,
   target: 'node20',
+  platform: 'node',
   splitting: false,
-  treeshake: true,
+  treeshake: false,
+  removeNodeProtocol: false,
 };

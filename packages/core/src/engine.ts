@@ -2,7 +2,12 @@ import { defaultFingerprint } from './fingerprint';
 import { type OutgoingHeaderValue, storableHeaders } from './headers';
 import { type KeyProblem, parseKey } from './key';
 import { type Logger, silentLogger } from './logger';
-import { type IdempotencyHooks, type IdempotencyOptions, type ResolvedOptions, resolveOptions } from './options';
+import {
+  type IdempotencyHooks,
+  type IdempotencyOptions,
+  type ResolvedOptions,
+  resolveOptions,
+} from './options';
 import { PROBLEM_TYPES, problemResponse } from './problems';
 import type { AcquireResult, StoredResponse } from './store';
 
@@ -55,7 +60,11 @@ const KEY_PROBLEM_DETAIL: Record<KeyProblem, string> = {
 export class Idempotency<Req = unknown> {
   readonly options: ResolvedOptions<Req>;
 
-  constructor(options: IdempotencyOptions<Req> = {}, base?: Idempotency<Req>, extraKnownOptions?: ReadonlySet<string>) {
+  constructor(
+    options: IdempotencyOptions<Req> = {},
+    base?: Idempotency<Req>,
+    extraKnownOptions?: ReadonlySet<string>,
+  ) {
     this.options = resolveOptions(options, base?.options, extraKnownOptions);
   }
 
@@ -73,14 +82,22 @@ export class Idempotency<Req = unknown> {
    * Decides what to do with a request. Never rejects: store failures, a throwing `scope` or `fingerprint`, bad
    * keys all become a `respond` decision (or, with `onStoreError: 'fail-open'`, an unprotected execution).
    */
-  async handle(input: HttpRequestInput<Req>, log: Logger = this.options.logger ?? silentLogger): Promise<HttpDecision> {
+  async handle(
+    input: HttpRequestInput<Req>,
+    log: Logger = this.options.logger ?? silentLogger,
+  ): Promise<HttpDecision> {
     const o = this.options;
     if (!o.methods.has(input.method)) return PASS;
     const raw = input.headers[o.header];
     if (raw === undefined) {
       if (!o.required) return PASS;
       log.debug({ header: o.header }, 'oncely: idempotency key missing');
-      return this.#problem(400, 'keyMissing', 'Idempotency key missing', `This request requires an ${o.header} header.`);
+      return this.#problem(
+        400,
+        'keyMissing',
+        'Idempotency key missing',
+        `This request requires an ${o.header} header.`,
+      );
     }
     const clientKey = parseKey(raw, o.maxKeyLength);
     if (typeof clientKey !== 'string') {
@@ -105,7 +122,12 @@ export class Idempotency<Req = unknown> {
             : o.fingerprint(input.request);
     } catch (error) {
       log.error({ err: error }, 'oncely: the scope or fingerprint function threw');
-      return this.#problem(500, 'internal', 'Idempotency check failed', 'The server could not compute the idempotency scope or fingerprint.');
+      return this.#problem(
+        500,
+        'internal',
+        'Idempotency check failed',
+        'The server could not compute the idempotency scope or fingerprint.',
+      );
     }
 
     let result: AcquireResult;
@@ -132,10 +154,11 @@ export class Idempotency<Req = unknown> {
           const now = Date.now();
           if (o.waitMs !== undefined) deadline ??= now + o.waitMs;
           if (deadline === undefined || now >= deadline) return this.#conflict();
-          // Sleep until the record changes, the lease runs out, or the wait ends; without a store wake-up,
-          // poll with backoff (25ms doubling to 1s) rather than spin.
+          // Sleep until the record changes, the lease runs out, or the wait ends. A store wake-up is trusted for
+          // up to 5s at a time (the bound on a lost notification); without one, poll with backoff (25ms doubling
+          // to 1.6s) rather than spin.
           const slice = Math.min(deadline - now, Math.max(result.retryAfterMs, 1));
-          if (o.store.waitFor) await o.store.waitFor(key, Math.min(slice, 1000));
+          if (o.store.waitFor) await o.store.waitFor(key, Math.min(slice, 5000));
           else await sleep(Math.min(slice, 25 * 2 ** Math.min(polls, 6)));
           polls++;
           try {
@@ -147,13 +170,24 @@ export class Idempotency<Req = unknown> {
         }
         default:
           // A store bug, not a decision: refuse rather than guess.
-          return this.#storeDown(key, new Error(`store.acquire() resolved to an unknown status ${JSON.stringify((result as { status?: unknown }).status)}`), log, clientKey);
+          return this.#storeDown(
+            key,
+            new Error(
+              `store.acquire() resolved to an unknown status ${JSON.stringify((result as { status?: unknown }).status)}`,
+            ),
+            log,
+            clientKey,
+          );
       }
     }
   }
 
   /** Runs a hook, never letting it break a request. */
-  #hook<K extends keyof IdempotencyHooks>(name: K, event: Parameters<NonNullable<IdempotencyHooks[K]>>[0], log: Logger): void {
+  #hook<K extends keyof IdempotencyHooks>(
+    name: K,
+    event: Parameters<NonNullable<IdempotencyHooks[K]>>[0],
+    log: Logger,
+  ): void {
     const hook = this.options.hooks[name] as ((e: typeof event) => void) | undefined;
     if (hook === undefined) return;
     try {
@@ -164,12 +198,26 @@ export class Idempotency<Req = unknown> {
   }
 
   /** @internal used by Execution */
-  hook<K extends keyof IdempotencyHooks>(name: K, event: Parameters<NonNullable<IdempotencyHooks[K]>>[0], log: Logger): void {
+  hook<K extends keyof IdempotencyHooks>(
+    name: K,
+    event: Parameters<NonNullable<IdempotencyHooks[K]>>[0],
+    log: Logger,
+  ): void {
     this.#hook(name, event, log);
   }
 
-  #problem(status: number, type: keyof typeof PROBLEM_TYPES, title: string, detail: string, headers?: Record<string, string>): HttpDecision {
-    return { action: 'respond', replayed: false, response: problemResponse({ type: PROBLEM_TYPES[type], title, status, detail }, headers) };
+  #problem(
+    status: number,
+    type: keyof typeof PROBLEM_TYPES,
+    title: string,
+    detail: string,
+    headers?: Record<string, string>,
+  ): HttpDecision {
+    return {
+      action: 'respond',
+      replayed: false,
+      response: problemResponse({ type: PROBLEM_TYPES[type], title, status, detail }, headers),
+    };
   }
 
   #mismatch(key: string, log: Logger): HttpDecision {
@@ -199,7 +247,10 @@ export class Idempotency<Req = unknown> {
   #storeDown(key: string, error: unknown, log: Logger, clientKey: string): HttpDecision {
     this.#hook('onStoreError', { key, operation: 'acquire', error }, log);
     if (this.options.failOpen) {
-      log.warn({ err: error, key }, 'oncely: store unavailable; running the handler WITHOUT idempotency protection (fail-open)');
+      log.warn(
+        { err: error, key },
+        'oncely: store unavailable; running the handler WITHOUT idempotency protection (fail-open)',
+      );
       return { action: 'execute', execution: new Execution(this, key, clientKey, undefined, log) };
     }
     log.error({ err: error, key }, 'oncely: store unavailable; answering 503 (fail-closed)');
@@ -233,7 +284,13 @@ export class Execution {
   #settled = false;
 
   /** @internal created by the engine */
-  constructor(engine: Idempotency<never>, key: string, clientKey: string, token: string | undefined, log: Logger) {
+  constructor(
+    engine: Idempotency<never>,
+    key: string,
+    clientKey: string,
+    token: string | undefined,
+    log: Logger,
+  ) {
     this.#engine = engine;
     this.key = key;
     this.clientKey = clientKey;
@@ -258,19 +315,28 @@ export class Execution {
       body = EMPTY;
     }
     try {
-      const stored = await o.store.complete(this.key, this.#token, { status: captured.status, headers, body }, o.ttlMs);
+      const stored = await o.store.complete(
+        this.key,
+        this.#token,
+        { status: captured.status, headers, body },
+        o.ttlMs,
+      );
       if (stored) this.#engine.hook('onComplete', { key: this.key, status: captured.status }, this.#log);
       else this.#fenced('complete');
     } catch (error) {
       this.#engine.hook('onStoreError', { key: this.key, operation: 'complete', error }, this.#log);
-      this.#log.error({ err: error, key: this.key }, 'oncely: could not store the response; a retry after the lease ends will run the handler again');
+      this.#log.error(
+        { err: error, key: this.key },
+        'oncely: could not store the response; a retry after the lease ends will run the handler again',
+      );
     }
   }
 
   /** The handler threw (or the framework routed an error): release the key so a retry runs again. */
   async fail(error?: unknown): Promise<void> {
     if (this.#settle() || this.#token === undefined) return;
-    if (error !== undefined) this.#log.debug({ err: error, key: this.key }, 'oncely: handler failed; releasing the key');
+    if (error !== undefined)
+      this.#log.debug({ err: error, key: this.key }, 'oncely: handler failed; releasing the key');
     await this.#release('error');
   }
 
@@ -284,11 +350,19 @@ export class Execution {
   async #release(reason: 'not-cacheable' | 'error', status?: number): Promise<void> {
     try {
       const released = await this.#engine.options.store.release(this.key, this.#token as string);
-      if (released) this.#engine.hook('onRelease', status === undefined ? { key: this.key, reason } : { key: this.key, reason, status }, this.#log);
+      if (released)
+        this.#engine.hook(
+          'onRelease',
+          status === undefined ? { key: this.key, reason } : { key: this.key, reason, status },
+          this.#log,
+        );
       else this.#fenced('release');
     } catch (error) {
       this.#engine.hook('onStoreError', { key: this.key, operation: 'release', error }, this.#log);
-      this.#log.error({ err: error, key: this.key }, 'oncely: could not release the key; it frees itself when its lease ends');
+      this.#log.error(
+        { err: error, key: this.key },
+        'oncely: could not release the key; it frees itself when its lease ends',
+      );
     }
   }
 
@@ -302,21 +376,24 @@ export class Execution {
 
   #scheduleRenewal(): void {
     const lockTimeoutMs = this.#engine.options.lockTimeoutMs;
-    this.#timer = setTimeout(() => {
-      this.#timer = undefined;
-      this.#engine.options.store.renew(this.key, this.#token as string, lockTimeoutMs).then(
-        (renewed) => {
-          if (this.#settled) return;
-          if (renewed) this.#scheduleRenewal();
-          else this.#fenced('renew');
-        },
-        (error: unknown) => {
-          this.#engine.hook('onStoreError', { key: this.key, operation: 'renew', error }, this.#log);
-          this.#log.warn({ err: error, key: this.key }, 'oncely: lease renewal failed; retrying');
-          if (!this.#settled) this.#scheduleRenewal();
-        },
-      );
-    }, Math.max(1, Math.floor(lockTimeoutMs / 3)));
+    this.#timer = setTimeout(
+      () => {
+        this.#timer = undefined;
+        this.#engine.options.store.renew(this.key, this.#token as string, lockTimeoutMs).then(
+          (renewed) => {
+            if (this.#settled) return;
+            if (renewed) this.#scheduleRenewal();
+            else this.#fenced('renew');
+          },
+          (error: unknown) => {
+            this.#engine.hook('onStoreError', { key: this.key, operation: 'renew', error }, this.#log);
+            this.#log.warn({ err: error, key: this.key }, 'oncely: lease renewal failed; retrying');
+            if (!this.#settled) this.#scheduleRenewal();
+          },
+        );
+      },
+      Math.max(1, Math.floor(lockTimeoutMs / 3)),
+    );
     this.#timer.unref();
   }
 }
@@ -339,7 +416,11 @@ function replayOf(stored: StoredResponse): StoredResponse {
   }
   return {
     status: stored.status,
-    headers: { ...stored.headers, 'content-length': String(stored.body.byteLength), 'idempotent-replayed': 'true' },
+    headers: {
+      ...stored.headers,
+      'content-length': String(stored.body.byteLength),
+      'idempotent-replayed': 'true',
+    },
     body: stored.body,
   };
 }

@@ -9,7 +9,10 @@ const VISIBLE_ASCII = /^[\x21-\x7e]+$/;
  * `\"` and `\\` escapes are allowed). Both spellings of the same key name the same record. Returns the key, or
  * the reason it is refused.
  */
-export function parseKey(raw: string | readonly string[], maxLength: number): string | { problem: KeyProblem } {
+export function parseKey(
+  raw: string | readonly string[],
+  maxLength: number,
+): string | { problem: KeyProblem } {
   if (typeof raw !== 'string') return { problem: 'multiple-values' };
   // Cheap bound before any work: a quoted key can at most double in size through escapes.
   if (raw.length > 2 * maxLength + 16) return { problem: 'too-long' };

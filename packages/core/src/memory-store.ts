@@ -49,14 +49,20 @@ export class MemoryStore implements IdempotencyStore {
   constructor(options: MemoryStoreOptions = {}) {
     const maxEntries = options.maxEntries ?? 10_000;
     if (!Number.isSafeInteger(maxEntries) || maxEntries < 1) {
-      throw new IdempotencyOptionsError('maxEntries', `must be a positive integer; got ${JSON.stringify(maxEntries)}.`);
+      throw new IdempotencyOptionsError(
+        'maxEntries',
+        `must be a positive integer; got ${JSON.stringify(maxEntries)}.`,
+      );
     }
     this.#maxEntries = maxEntries;
     let sweepMs: number;
     try {
       sweepMs = parseDuration(options.sweepInterval ?? '1s');
     } catch {
-      throw new IdempotencyOptionsError('sweepInterval', `must be a duration like '1s'; got ${JSON.stringify(options.sweepInterval)}.`);
+      throw new IdempotencyOptionsError(
+        'sweepInterval',
+        `must be a duration like '1s'; got ${JSON.stringify(options.sweepInterval)}.`,
+      );
     }
     this.#timer = setInterval(() => this.#sweep(Date.now()), Math.max(sweepMs, 10));
     this.#timer.unref();
@@ -75,17 +81,32 @@ export class MemoryStore implements IdempotencyStore {
         // LRU touch: re-insert so the record moves to the young end.
         this.#completed.delete(key);
         this.#completed.set(key, done);
-        return { status: 'completed', fingerprint: done.fingerprint, response: done.response as StoredResponse };
+        return {
+          status: 'completed',
+          fingerprint: done.fingerprint,
+          response: done.response as StoredResponse,
+        };
       }
       this.#completed.delete(key);
     }
     const lease = this.#leases.get(key);
     if (lease !== undefined && lease.lockExpiresAt > now) {
-      return { status: 'in_progress', fingerprint: lease.fingerprint, retryAfterMs: lease.lockExpiresAt - now };
+      return {
+        status: 'in_progress',
+        fingerprint: lease.fingerprint,
+        retryAfterMs: lease.lockExpiresAt - now,
+      };
     }
     const token = `m${++this.#tokens}`;
     const expiresAt = now + lockTimeoutMs;
-    const entry: Entry = { fingerprint, state: 'in_progress', token, lockExpiresAt: expiresAt, expiresAt, response: undefined };
+    const entry: Entry = {
+      fingerprint,
+      state: 'in_progress',
+      token,
+      lockExpiresAt: expiresAt,
+      expiresAt,
+      response: undefined,
+    };
     this.#leases.set(key, entry);
     this.#schedule(key, entry);
     return { status: 'acquired', token };

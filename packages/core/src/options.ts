@@ -148,11 +148,17 @@ export function resolveOptions<Req>(
   extraKnown?: ReadonlySet<string>,
 ): ResolvedOptions<Req> {
   if (options === null || typeof options !== 'object') {
-    throw new IdempotencyOptionsError('options', 'must be an object; pass {} or leave it out for the defaults.');
+    throw new IdempotencyOptionsError(
+      'options',
+      'must be an object; pass {} or leave it out for the defaults.',
+    );
   }
   for (const name of Object.keys(options)) {
     if (!KNOWN_OPTIONS.has(name) && !extraKnown?.has(name)) {
-      throw new IdempotencyOptionsError(name, `is not an oncely option; known options: ${[...KNOWN_OPTIONS].join(', ')}.`);
+      throw new IdempotencyOptionsError(
+        name,
+        `is not an oncely option; known options: ${[...KNOWN_OPTIONS].join(', ')}.`,
+      );
     }
   }
   const o = options;
@@ -160,21 +166,34 @@ export function resolveOptions<Req>(
     store: o.store === undefined ? (base?.store ?? new MemoryStore()) : checkStore(o.store),
     ttlMs: o.ttl === undefined ? (base?.ttlMs ?? 86_400_000) : positiveDuration('ttl', o.ttl),
     lockTimeoutMs:
-      o.lockTimeout === undefined ? (base?.lockTimeoutMs ?? 30_000) : positiveDuration('lockTimeout', o.lockTimeout),
+      o.lockTimeout === undefined
+        ? (base?.lockTimeoutMs ?? 30_000)
+        : positiveDuration('lockTimeout', o.lockTimeout),
     header: o.header === undefined ? (base?.header ?? 'idempotency-key') : checkHeader(o.header),
     maxKeyLength:
-      o.maxKeyLength === undefined ? (base?.maxKeyLength ?? 255) : positiveInteger('maxKeyLength', o.maxKeyLength),
+      o.maxKeyLength === undefined
+        ? (base?.maxKeyLength ?? 255)
+        : positiveInteger('maxKeyLength', o.maxKeyLength),
     required: o.required === undefined ? (base?.required ?? false) : checkBoolean('required', o.required),
     methods:
-      o.methods === undefined ? (base?.methods ?? new Set(['POST', 'PUT', 'PATCH'])) : checkMethods(o.methods),
+      o.methods === undefined
+        ? (base?.methods ?? new Set(['POST', 'PUT', 'PATCH']))
+        : checkMethods(o.methods),
     scope: o.scope === undefined ? base?.scope : checkFunction('scope', o.scope),
     fingerprint: o.fingerprint === undefined ? base?.fingerprint : checkFingerprint(o.fingerprint),
     waitMs: o.inProgress === undefined ? base?.waitMs : checkInProgress(o.inProgress),
     inProgressStatus:
-      o.inProgressStatus === undefined ? (base?.inProgressStatus ?? 409) : checkInProgressStatus(o.inProgressStatus),
-    cacheable: o.cacheable === undefined ? (base?.cacheable ?? defaultCacheable) : checkFunction('cacheable', o.cacheable),
+      o.inProgressStatus === undefined
+        ? (base?.inProgressStatus ?? 409)
+        : checkInProgressStatus(o.inProgressStatus),
+    cacheable:
+      o.cacheable === undefined
+        ? (base?.cacheable ?? defaultCacheable)
+        : checkFunction('cacheable', o.cacheable),
     maxBodyBytes:
-      o.maxBodyBytes === undefined ? (base?.maxBodyBytes ?? 1_048_576) : positiveInteger('maxBodyBytes', o.maxBodyBytes),
+      o.maxBodyBytes === undefined
+        ? (base?.maxBodyBytes ?? 1_048_576)
+        : positiveInteger('maxBodyBytes', o.maxBodyBytes),
     excludedHeaders:
       o.excludeHeaders === undefined
         ? (base?.excludedHeaders ?? new Set(ALWAYS_EXCLUDED_HEADERS))
@@ -234,21 +253,30 @@ function checkFunction<F>(name: string, value: F): F {
 
 function checkHeader(value: unknown): string {
   if (typeof value !== 'string' || !TOKEN.test(value)) {
-    throw new IdempotencyOptionsError('header', `must be a valid header name like 'Idempotency-Key'; got ${JSON.stringify(value)}.`);
+    throw new IdempotencyOptionsError(
+      'header',
+      `must be a valid header name like 'Idempotency-Key'; got ${JSON.stringify(value)}.`,
+    );
   }
   return value.toLowerCase();
 }
 
 function checkMethods(value: unknown): ReadonlySet<string> {
   if (!Array.isArray(value) || value.some((m) => typeof m !== 'string' || !TOKEN.test(m))) {
-    throw new IdempotencyOptionsError('methods', `must be an array of HTTP methods like ['POST', 'PUT']; got ${JSON.stringify(value)}.`);
+    throw new IdempotencyOptionsError(
+      'methods',
+      `must be an array of HTTP methods like ['POST', 'PUT']; got ${JSON.stringify(value)}.`,
+    );
   }
   return new Set(value.map((m: string) => m.toUpperCase()));
 }
 
 function checkFingerprint<Req>(value: unknown): ((req: Req) => string) | false {
   if (value === false || typeof value === 'function') return value as ((req: Req) => string) | false;
-  throw new IdempotencyOptionsError('fingerprint', `must be a function (req) => string, or false to disable the reuse check; got ${JSON.stringify(value)}.`);
+  throw new IdempotencyOptionsError(
+    'fingerprint',
+    `must be a function (req) => string, or false to disable the reuse check; got ${JSON.stringify(value)}.`,
+  );
 }
 
 function checkInProgress(value: unknown): number | undefined {
@@ -256,7 +284,10 @@ function checkInProgress(value: unknown): number | undefined {
   if (value !== null && typeof value === 'object' && 'wait' in value) {
     return positiveDuration('inProgress.wait', (value as { wait: unknown }).wait);
   }
-  throw new IdempotencyOptionsError('inProgress', `must be 'reject' or { wait: duration } such as { wait: '10s' }; got ${JSON.stringify(value)}.`);
+  throw new IdempotencyOptionsError(
+    'inProgress',
+    `must be 'reject' or { wait: duration } such as { wait: '10s' }; got ${JSON.stringify(value)}.`,
+  );
 }
 
 function checkInProgressStatus(value: unknown): 409 | 429 {
@@ -266,7 +297,10 @@ function checkInProgressStatus(value: unknown): 409 | 429 {
 
 function checkExcludeHeaders(value: unknown): ReadonlySet<string> {
   if (!Array.isArray(value) || value.some((h) => typeof h !== 'string')) {
-    throw new IdempotencyOptionsError('excludeHeaders', `must be an array of header names like ['x-request-id']; got ${JSON.stringify(value)}.`);
+    throw new IdempotencyOptionsError(
+      'excludeHeaders',
+      `must be an array of header names like ['x-request-id']; got ${JSON.stringify(value)}.`,
+    );
   }
   return new Set([...ALWAYS_EXCLUDED_HEADERS, ...value.map((h: string) => h.toLowerCase())]);
 }
@@ -274,13 +308,19 @@ function checkExcludeHeaders(value: unknown): ReadonlySet<string> {
 function checkOnStoreError(value: unknown): boolean {
   if (value === 'fail-closed') return false;
   if (value === 'fail-open') return true;
-  throw new IdempotencyOptionsError('onStoreError', `must be 'fail-closed' or 'fail-open'; got ${JSON.stringify(value)}.`);
+  throw new IdempotencyOptionsError(
+    'onStoreError',
+    `must be 'fail-closed' or 'fail-open'; got ${JSON.stringify(value)}.`,
+  );
 }
 
 function checkLogger(value: Logger): Logger {
   for (const level of ['debug', 'info', 'warn', 'error'] as const) {
     if (typeof value?.[level] !== 'function') {
-      throw new IdempotencyOptionsError('logger', `must be a pino-compatible logger with a ${level}() method.`);
+      throw new IdempotencyOptionsError(
+        'logger',
+        `must be a pino-compatible logger with a ${level}() method.`,
+      );
     }
   }
   return value;

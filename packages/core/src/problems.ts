@@ -20,7 +20,10 @@ export interface ProblemDetails {
 }
 
 /** A problem+json response ready to send; `extraHeaders` are added (e.g. `retry-after`). */
-export function problemResponse(problem: ProblemDetails, extraHeaders?: Record<string, string>): StoredResponse {
+export function problemResponse(
+  problem: ProblemDetails,
+  extraHeaders?: Record<string, string>,
+): StoredResponse {
   const body = Buffer.from(JSON.stringify(problem));
   return {
     status: problem.status,

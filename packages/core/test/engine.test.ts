@@ -144,8 +144,18 @@ describe('lease renewal and fencing', () => {
       renew: async () => true,
     };
     const warnings: string[] = [];
-    const logger = { debug() {}, info() {}, error() {}, warn: (_o: object, msg?: string) => void warnings.push(msg ?? '') };
-    const engine = new Idempotency({ store: stalled, lockTimeout: 50, logger, hooks: { onFenced: (e) => fenced.push(e.operation) } });
+    const logger = {
+      debug() {},
+      info() {},
+      error() {},
+      warn: (_o: object, msg?: string) => void warnings.push(msg ?? ''),
+    };
+    const engine = new Idempotency({
+      store: stalled,
+      lockTimeout: 50,
+      logger,
+      hooks: { onFenced: (e) => fenced.push(e.operation) },
+    });
     const first = expectExecute(await engine.handle(input('fenced')));
     await sleep(150);
     const second = expectExecute(await engine.handle(input('fenced')));
@@ -169,7 +179,11 @@ describe('lease renewal and fencing', () => {
       renew: (k, t, ms) => (++calls === 1 ? Promise.reject(new Error('timeout')) : store.renew(k, t, ms)),
     };
     const errors: string[] = [];
-    const engine = new Idempotency({ store: flaky, lockTimeout: 150, hooks: { onStoreError: (e) => errors.push(e.operation) } });
+    const engine = new Idempotency({
+      store: flaky,
+      lockTimeout: 150,
+      hooks: { onStoreError: (e) => errors.push(e.operation) },
+    });
     const execution = expectExecute(await engine.handle(input('flaky')));
     await sleep(400);
     expect(errors).toEqual(['renew']);
@@ -220,7 +234,10 @@ describe('store answers', () => {
 
   test('wait mode reports one conflict per request, however long it waits', async () => {
     const conflicts: string[] = [];
-    const engine = new Idempotency({ inProgress: { wait: 300 }, hooks: { onConflict: (e) => conflicts.push(e.key) } });
+    const engine = new Idempotency({
+      inProgress: { wait: 300 },
+      hooks: { onConflict: (e) => conflicts.push(e.key) },
+    });
     const first = expectExecute(await engine.handle(input('w')));
     const waited = await engine.handle(input('w'));
     expect(waited.action === 'respond' && waited.response.status).toBe(409);
@@ -259,9 +276,14 @@ describe('execution outcomes', () => {
       release: () => Promise.reject(new Error('down')),
       renew: (k, t, ms) => store.renew(k, t, ms),
     };
-    const engine = new Idempotency({ store: breaking, hooks: { onStoreError: (e) => errors.push(e.operation) } });
+    const engine = new Idempotency({
+      store: breaking,
+      hooks: { onStoreError: (e) => errors.push(e.operation) },
+    });
     await expect(expectExecute(await engine.handle(input('c1'))).complete(ok)).resolves.toBeUndefined();
-    await expect(expectExecute(await engine.handle(input('c2'))).fail(new Error('x'))).resolves.toBeUndefined();
+    await expect(
+      expectExecute(await engine.handle(input('c2'))).fail(new Error('x')),
+    ).resolves.toBeUndefined();
     expect(errors).toEqual(['complete', 'release']);
     await store.close();
   });
@@ -280,5 +302,24 @@ describe('execution outcomes', () => {
     await sleep(100);
     await execution.complete(ok);
     expect(calls).toBe(0);
+  });
+});
+
+describe('logging', () => {
+  test('a pino logger plugs in as it is and records a down store', async () => {
+    const { default: pino } = await import('pino');
+    const lines: { level: number; msg: string; key?: string }[] = [];
+    const logger = pino({ level: 'debug' }, { write: (line: string) => void lines.push(JSON.parse(line)) });
+    const down: IdempotencyStore = {
+      acquire: () => Promise.reject(new Error('ECONNREFUSED')),
+      complete: async () => true,
+      release: async () => true,
+      renew: async () => true,
+    };
+    const decision = await new Idempotency({ store: down, logger }).handle(input('logged'));
+    expect(decision.action === 'respond' && decision.response.status).toBe(503);
+    const line = lines.find((l) => /store unavailable/.test(l.msg));
+    expect(line?.level).toBe(50); // error
+    expect(line?.key).toBe('logged');
   });
 });

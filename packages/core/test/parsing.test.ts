@@ -15,9 +15,12 @@ describe('parseDuration', () => {
     expect(parseDuration(input)).toBe(ms);
   });
 
-  test.each([-1, Number.NaN, Number.POSITIVE_INFINITY, '', '10', '10 years', 's', '-5s', '1e3ms'])('%p is refused', (input) => {
-    expect(() => parseDuration(input)).toThrow(/Invalid duration/);
-  });
+  test.each([-1, Number.NaN, Number.POSITIVE_INFINITY, '', '10', '10 years', 's', '-5s', '1e3ms'])(
+    '%p is refused',
+    (input) => {
+      expect(() => parseDuration(input)).toThrow(/Invalid duration/);
+    },
+  );
 });
 
 describe('parseKey', () => {
@@ -70,7 +73,9 @@ describe('fingerprint', () => {
   });
 
   test('key order and query parameter order do not change it', () => {
-    expect(defaultFingerprint('POST', '/a?x=1&y=2', { a: 1, b: 2 })).toBe(defaultFingerprint('POST', '/a?y=2&x=1', { b: 2, a: 1 }));
+    expect(defaultFingerprint('POST', '/a?x=1&y=2', { a: 1, b: 2 })).toBe(
+      defaultFingerprint('POST', '/a?y=2&x=1', { b: 2, a: 1 }),
+    );
   });
 
   test.each([
@@ -80,15 +85,23 @@ describe('fingerprint', () => {
     ['body', ['POST', '/a', { a: 2 }]],
     ['no body', ['POST', '/a', undefined]],
   ] as const)('a different %s changes it', (_label, args) => {
-    expect(defaultFingerprint(...args)).not.toBe(defaultFingerprint('POST', '/a', { a: 1 }));
+    expect(defaultFingerprint(...(args as readonly [string, string, unknown]))).not.toBe(
+      defaultFingerprint('POST', '/a', { a: 1 }),
+    );
   });
 
   test('a raw body is hashed as bytes: a Buffer and the same string agree', () => {
-    expect(defaultFingerprint('POST', '/a', Buffer.from('hello'))).toBe(defaultFingerprint('POST', '/a', 'hello'));
-    expect(defaultFingerprint('POST', '/a', Buffer.from([1, 2]))).not.toBe(defaultFingerprint('POST', '/a', Buffer.from([1, 3])));
+    expect(defaultFingerprint('POST', '/a', Buffer.from('hello'))).toBe(
+      defaultFingerprint('POST', '/a', 'hello'),
+    );
+    expect(defaultFingerprint('POST', '/a', Buffer.from([1, 2]))).not.toBe(
+      defaultFingerprint('POST', '/a', Buffer.from([1, 3])),
+    );
   });
 
   test('path and query cannot be confused with each other', () => {
-    expect(defaultFingerprint('POST', '/a?b', undefined)).not.toBe(defaultFingerprint('POST', '/a%3Fb', undefined));
+    expect(defaultFingerprint('POST', '/a?b', undefined)).not.toBe(
+      defaultFingerprint('POST', '/a%3Fb', undefined),
+    );
   });
 });

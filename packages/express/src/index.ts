@@ -40,7 +40,10 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
   let warnedNoBody = false;
 
   return function idempotencyMiddleware(req: Request, res: Response, next: NextFunction): void {
-    if ((req as StatefulRequest)[kState] !== undefined || !engine.covers(req.method)) return next();
+    if ((req as StatefulRequest)[kState] !== undefined || !engine.covers(req.method)) {
+      next();
+      return;
+    }
     if (
       !warnedNoBody &&
       req.body === undefined &&
@@ -49,10 +52,19 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
       ((req.headers['content-length'] ?? '0') !== '0' || req.headers['transfer-encoding'] !== undefined)
     ) {
       warnedNoBody = true;
-      log?.warn({}, 'oncely: the request body was not parsed, so the fingerprint ignores it; mount express.json() (or another body parser) before idempotency()');
+      log?.warn(
+        {},
+        'oncely: the request body was not parsed, so the fingerprint ignores it; mount express.json() (or another body parser) before idempotency()',
+      );
     }
     engine
-      .handle({ method: req.method, url: req.originalUrl, headers: req.headers, body: req.body, request: req })
+      .handle({
+        method: req.method,
+        url: req.originalUrl,
+        headers: req.headers,
+        body: req.body,
+        request: req,
+      })
       .then((decision) => {
         if (decision.action === 'pass') return next();
         if (decision.action === 'respond') return send(res, decision.response);
@@ -81,7 +93,8 @@ type EndFn = (this: Response, cb: () => void) => Response;
 type Chunk = string | Uint8Array;
 
 function toBuffer(chunk: Chunk, encoding: unknown): Buffer {
-  if (typeof chunk === 'string') return Buffer.from(chunk, typeof encoding === 'string' ? (encoding as BufferEncoding) : 'utf8');
+  if (typeof chunk === 'string')
+    return Buffer.from(chunk, typeof encoding === 'string' ? (encoding as BufferEncoding) : 'utf8');
   return Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
 }
 
@@ -132,7 +145,8 @@ function capture(req: StatefulRequest, res: Response, execution: Execution): voi
       const flat = Array.isArray(headers[0]) ? headers.flat() : headers;
       for (let i = 0; i + 1 < flat.length; i += 2) this.setHeader(String(flat[i]), flat[i + 1] as string);
     } else if (headers !== null && typeof headers === 'object') {
-      for (const [name, value] of Object.entries(headers)) if (value !== undefined) this.setHeader(name, value as string);
+      for (const [name, value] of Object.entries(headers))
+        if (value !== undefined) this.setHeader(name, value as string);
     }
     return this;
   } as Response['writeHead'];
@@ -210,11 +224,22 @@ function patchLayer(req: Request): void {
   for (const method of ['handle_request', 'handleRequest'] as const) {
     const original = proto[method];
     if (typeof original !== 'function') continue;
-    proto[method] = function handleRequestObserved(this: unknown, req: Request, res: Response, next: NextFunction) {
+    proto[method] = function handleRequestObserved(
+      this: unknown,
+      req: Request,
+      res: Response,
+      next: NextFunction,
+    ) {
       const state = (req as StatefulRequest)[kState];
       if (state === undefined) return original.call(this, req, res, next);
       const observed = ((error?: unknown) => {
-        if (error !== undefined && error !== null && error !== 'route' && error !== 'router' && state.error === undefined) {
+        if (
+          error !== undefined &&
+          error !== null &&
+          error !== 'route' &&
+          error !== 'router' &&
+          state.error === undefined
+        ) {
           state.error = error;
         }
         return next(error as Error);

@@ -90,7 +90,9 @@ describe('the Express middleware factory', () => {
   test('checks options once, naming the option', () => {
     expect(() => idempotency({ ttl: 'a day' })).toThrow(IdempotencyOptionsError);
     expect(() => idempotency({ ttl: 'a day' })).toThrow(/option "ttl"/);
-    expect(() => idempotency({ lockTimout: '5s' } as never)).toThrow(/option "lockTimout" is not an oncely option/);
+    expect(() => idempotency({ lockTimout: '5s' } as never)).toThrow(
+      /option "lockTimout" is not an oncely option/,
+    );
   });
 
   test('returns a named middleware; the default export is the same factory', () => {

@@ -3,7 +3,10 @@ import type { AdapterHarness, TestApp, TestAppOptions } from '@oncely/testing';
 import type { Express, NextFunction, Request, Response } from 'express';
 import { idempotency } from '../src';
 
-type ExpressFactory = (() => Express) & { json: typeof import('express').json; text: typeof import('express').text };
+type ExpressFactory = (() => Express) & {
+  json: typeof import('express').json;
+  text: typeof import('express').text;
+};
 
 function streamBytes(): Buffer {
   const body = Buffer.alloc(10_000);
@@ -30,7 +33,9 @@ export function expressHarness(name: string, express: ExpressFactory): AdapterHa
         const reply = () => {
           res.setHeader('x-charge-id', String(n));
           res.setHeader('set-cookie', `session=${n}`);
-          res.status(req.method === 'GET' || req.method === 'DELETE' ? 200 : 201).json({ id: n, amount: req.body?.amount ?? null });
+          res
+            .status(req.method === 'GET' || req.method === 'DELETE' ? 200 : 201)
+            .json({ id: n, amount: req.body?.amount ?? null });
         };
         const delay = Number(req.query.delay ?? 0);
         if (delay > 0) setTimeout(reply, delay);

@@ -1,10 +1,5 @@
 import { Readable } from 'node:stream';
-import {
-  type Execution,
-  Idempotency,
-  type IdempotencyOptions,
-  type StoredResponse,
-} from '@oncely/core';
+import { type Execution, Idempotency, type IdempotencyOptions, type StoredResponse } from '@oncely/core';
 import type {
   FastifyInstance,
   FastifyReply,
@@ -47,7 +42,10 @@ type StatefulRequest = FastifyRequest & { [kState]: RequestState | null };
 
 const PLUGIN_OPTIONS = new Set(['global']);
 
-async function idempotencyPluginAsync(fastify: FastifyInstance, options: FastifyIdempotencyOptions): Promise<void> {
+async function idempotencyPluginAsync(
+  fastify: FastifyInstance,
+  options: FastifyIdempotencyOptions,
+): Promise<void> {
   const { global = true, ...shared } = options;
   // Options are checked here, once; route options are checked when each route is added.
   const engine = new Idempotency<FastifyRequest>(shared, undefined, PLUGIN_OPTIONS);

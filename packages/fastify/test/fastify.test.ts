@@ -45,9 +45,15 @@ describe('@oncely/fastify specifics', () => {
     const app = Fastify();
     await app.register(idempotencyPlugin);
     let runs = 0;
-    app.delete('/items/:id', { config: { idempotency: { methods: ['DELETE'] } } }, async () => ({ run: ++runs }));
+    app.delete('/items/:id', { config: { idempotency: { methods: ['DELETE'] } } }, async () => ({
+      run: ++runs,
+    }));
     await app.inject({ method: 'DELETE', url: '/items/1', headers: { 'idempotency-key': 'd' } });
-    const replay = await app.inject({ method: 'DELETE', url: '/items/1', headers: { 'idempotency-key': 'd' } });
+    const replay = await app.inject({
+      method: 'DELETE',
+      url: '/items/1',
+      headers: { 'idempotency-key': 'd' },
+    });
     expect(replay.headers['idempotent-replayed']).toBe('true');
     expect(runs).toBe(1);
     await app.close();
@@ -59,7 +65,11 @@ describe('@oncely/fastify specifics', () => {
     let runs = 0;
     app.post(
       '/validated',
-      { schema: { body: { type: 'object', required: ['amount'], properties: { amount: { type: 'number' } } } } },
+      {
+        schema: {
+          body: { type: 'object', required: ['amount'], properties: { amount: { type: 'number' } } },
+        },
+      },
       async () => ({ run: ++runs }),
     );
     expect((await post(app, '/validated', 'v', {})).statusCode).toBe(400);
@@ -83,7 +93,9 @@ describe('@oncely/fastify specifics', () => {
     app.post('/charges', async () => ({ ok: true }));
     const res = await post(app, '/charges', 'k');
     expect(res.statusCode).toBe(503);
-    const line = lines.map((l) => JSON.parse(l) as { msg: string; reqId?: string }).find((l) => /store unavailable/.test(l.msg));
+    const line = lines
+      .map((l) => JSON.parse(l) as { msg: string; reqId?: string })
+      .find((l) => /store unavailable/.test(l.msg));
     expect(line).toBeDefined();
     expect(line?.reqId).toBeDefined(); // a child logger of the request, not the root one
     await app.close();
@@ -94,15 +106,17 @@ describe('@oncely/fastify specifics', () => {
     await expect(app.register(idempotencyPlugin, { ttl: 'never' })).rejects.toThrow(/option "ttl"/);
     const app2 = Fastify();
     await app2.register(idempotencyPlugin);
-    expect(() => app2.post('/x', { config: { idempotency: { inProgressStatus: 418 as 409 } } }, async () => ({}))).toThrow(
-      IdempotencyOptionsError,
-    );
+    expect(() =>
+      app2.post('/x', { config: { idempotency: { inProgressStatus: 418 as 409 } } }, async () => ({})),
+    ).toThrow(IdempotencyOptionsError);
   });
 
   test('the default export is the plugin, wrapped with fastify-plugin', () => {
     expect(idempotencyPluginDefault).toBe(idempotencyPlugin);
-    const meta = (idempotencyPlugin as unknown as Record<symbol, { name: string }>)[Symbol.for('plugin-meta')];
-    expect(meta.name).toBe('@oncely/fastify');
+    const meta = (idempotencyPlugin as unknown as Record<symbol, { name: string }>)[
+      Symbol.for('plugin-meta')
+    ];
+    expect(meta?.name).toBe('@oncely/fastify');
   });
 
   test('registering the plugin twice does not make a request conflict with itself', async () => {

@@ -59,7 +59,9 @@ function rawPost(url: string, path: string, keyBytes: Buffer): Promise<number> {
     const socket = connect(Number(port), hostname, () => {
       socket.write(
         Buffer.concat([
-          Buffer.from(`POST ${path} HTTP/1.1\r\nHost: ${hostname}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\nIdempotency-Key: `),
+          Buffer.from(
+            `POST ${path} HTTP/1.1\r\nHost: ${hostname}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\nIdempotency-Key: `,
+          ),
           keyBytes,
           Buffer.from('\r\n\r\n{}'),
         ]),
@@ -76,7 +78,9 @@ function rawPost(url: string, path: string, keyBytes: Buffer): Promise<number> {
       }
     });
     socket.on('error', reject);
-    socket.on('close', () => reject(new Error(`connection closed without a status line: ${JSON.stringify(head)}`)));
+    socket.on('close', () =>
+      reject(new Error(`connection closed without a status line: ${JSON.stringify(head)}`)),
+    );
   });
 }
 
@@ -225,10 +229,16 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
       test('the handler runs once; the replay is the same status, headers and body, byte for byte', async () => {
         const app = await make();
         const key = newKey();
-        const first = await request(app.url).post('/charges').set('Idempotency-Key', key).send({ amount: 42 });
+        const first = await request(app.url)
+          .post('/charges')
+          .set('Idempotency-Key', key)
+          .send({ amount: 42 });
         expect(first.status).toBe(201);
         expect(first.headers['idempotent-replayed']).toBeUndefined();
-        const replay = await request(app.url).post('/charges').set('Idempotency-Key', key).send({ amount: 42 });
+        const replay = await request(app.url)
+          .post('/charges')
+          .set('Idempotency-Key', key)
+          .send({ amount: 42 });
         expect(replay.status).toBe(201);
         expect(replay.headers['idempotent-replayed']).toBe('true');
         expect(replay.text).toBe(first.text);
@@ -243,7 +253,10 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
         const app = await make();
         const key = newKey();
         await request(app.url).post('/charges').set('Idempotency-Key', key).send({ amount: 1 }).expect(201);
-        const replay = await request(app.url).post('/charges').set('Idempotency-Key', `"${key}"`).send({ amount: 1 });
+        const replay = await request(app.url)
+          .post('/charges')
+          .set('Idempotency-Key', `"${key}"`)
+          .send({ amount: 1 });
         expect(replay.headers['idempotent-replayed']).toBe('true');
         expect(app.count('charges')).toBe(1);
       });
@@ -287,10 +300,18 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
       ])('%s: replays byte for byte', async (path, route, expected) => {
         const app = await make();
         const key = newKey();
-        const first = await request(app.url).post(path).set('Idempotency-Key', key).buffer(true).parse(binaryParser);
+        const first = await request(app.url)
+          .post(path)
+          .set('Idempotency-Key', key)
+          .buffer(true)
+          .parse(binaryParser);
         expect(first.status).toBe(200);
         expect(Buffer.compare(first.body as Buffer, expected())).toBe(0);
-        const replay = await request(app.url).post(path).set('Idempotency-Key', key).buffer(true).parse(binaryParser);
+        const replay = await request(app.url)
+          .post(path)
+          .set('Idempotency-Key', key)
+          .buffer(true)
+          .parse(binaryParser);
         expect(replay.headers['idempotent-replayed']).toBe('true');
         expect(replay.headers['content-type']).toBe('application/octet-stream');
         expect(Buffer.compare(replay.body as Buffer, expected())).toBe(0);
@@ -323,7 +344,11 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
       test('same key while the first still runs: 409 with Retry-After, handler not run again', async () => {
         const app = await make();
         const key = newKey();
-        const first = request(app.url).post('/charges?delay=400').set('Idempotency-Key', key).send({}).then((r) => r);
+        const first = request(app.url)
+          .post('/charges?delay=400')
+          .set('Idempotency-Key', key)
+          .send({})
+          .then((r) => r);
         await sleep(100);
         const second = await request(app.url).post('/charges?delay=400').set('Idempotency-Key', key).send({});
         expect(second.status).toBe(409);
@@ -337,7 +362,11 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
       test('inProgressStatus: 429 answers 429 instead', async () => {
         const app = await make({ inProgressStatus: 429 });
         const key = newKey();
-        const first = request(app.url).post('/charges?delay=300').set('Idempotency-Key', key).send({}).then((r) => r);
+        const first = request(app.url)
+          .post('/charges?delay=300')
+          .set('Idempotency-Key', key)
+          .send({})
+          .then((r) => r);
         await sleep(100);
         const second = await request(app.url).post('/charges?delay=300').set('Idempotency-Key', key).send({});
         expect(second.status).toBe(429);
@@ -380,9 +409,16 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
       test('wait mode: a wait that runs out answers 409', async () => {
         const app = await make({ inProgress: { wait: 150 } });
         const key = newKey();
-        const first = request(app.url).post('/charges?delay=1000').set('Idempotency-Key', key).send({}).then((r) => r);
+        const first = request(app.url)
+          .post('/charges?delay=1000')
+          .set('Idempotency-Key', key)
+          .send({})
+          .then((r) => r);
         await sleep(100);
-        const second = await request(app.url).post('/charges?delay=1000').set('Idempotency-Key', key).send({});
+        const second = await request(app.url)
+          .post('/charges?delay=1000')
+          .set('Idempotency-Key', key)
+          .send({});
         expect(second.status).toBe(409);
         expect((await first).status).toBe(201);
         expect(app.count('charges')).toBe(1);
@@ -407,11 +443,17 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
         const app = await make();
         const key = newKey();
         await request(app.url).post('/charges').set('Idempotency-Key', key).send({ amount: 1 }).expect(201);
-        const mismatch = await request(app.url).post('/charges').set('Idempotency-Key', key).send({ amount: 2 });
+        const mismatch = await request(app.url)
+          .post('/charges')
+          .set('Idempotency-Key', key)
+          .send({ amount: 2 });
         expect(mismatch.status).toBe(422);
         expect(mismatch.headers['content-type']).toMatch(/^application\/problem\+json/);
         expect(mismatch.body.type).toBe('https://oncely.dev/problems/key-reused');
-        const replay = await request(app.url).post('/charges').set('Idempotency-Key', key).send({ amount: 1 });
+        const replay = await request(app.url)
+          .post('/charges')
+          .set('Idempotency-Key', key)
+          .send({ amount: 1 });
         expect(replay.headers['idempotent-replayed']).toBe('true');
         expect(replay.body).toEqual({ id: 1, amount: 1 });
         expect(app.count('charges')).toBe(1);
@@ -430,17 +472,33 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
       test('same key, different body while the first still runs: 422', async () => {
         const app = await make();
         const key = newKey();
-        const first = request(app.url).post('/charges?delay=300').set('Idempotency-Key', key).send({ amount: 1 }).then((r) => r);
+        const first = request(app.url)
+          .post('/charges?delay=300')
+          .set('Idempotency-Key', key)
+          .send({ amount: 1 })
+          .then((r) => r);
         await sleep(100);
-        await request(app.url).post('/charges?delay=300').set('Idempotency-Key', key).send({ amount: 2 }).expect(422);
+        await request(app.url)
+          .post('/charges?delay=300')
+          .set('Idempotency-Key', key)
+          .send({ amount: 2 })
+          .expect(422);
         await first;
       });
 
       test('JSON key order does not matter', async () => {
         const app = await make();
         const key = newKey();
-        await request(app.url).post('/charges').set('Idempotency-Key', key).set('content-type', 'application/json').send('{"amount":5,"currency":"eur"}');
-        const replay = await request(app.url).post('/charges').set('Idempotency-Key', key).set('content-type', 'application/json').send('{ "currency": "eur", "amount": 5 }');
+        await request(app.url)
+          .post('/charges')
+          .set('Idempotency-Key', key)
+          .set('content-type', 'application/json')
+          .send('{"amount":5,"currency":"eur"}');
+        const replay = await request(app.url)
+          .post('/charges')
+          .set('Idempotency-Key', key)
+          .set('content-type', 'application/json')
+          .send('{ "currency": "eur", "amount": 5 }');
         expect(replay.status).toBe(201);
         expect(replay.headers['idempotent-replayed']).toBe('true');
         expect(app.count('charges')).toBe(1);
@@ -450,14 +508,30 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
         const off = await make({ fingerprint: false });
         const key = newKey();
         await request(off.url).post('/charges').set('Idempotency-Key', key).send({ amount: 1 });
-        const replay = await request(off.url).post('/charges').set('Idempotency-Key', key).send({ amount: 2 });
+        const replay = await request(off.url)
+          .post('/charges')
+          .set('Idempotency-Key', key)
+          .send({ amount: 2 });
         expect(replay.headers['idempotent-replayed']).toBe('true');
 
         const custom = await make({ fingerprint: (req) => String(req.headers['x-version'] ?? '') });
-        await request(custom.url).post('/charges').set('Idempotency-Key', key).set('x-version', '1').send({ amount: 1 });
-        const sameVersion = await request(custom.url).post('/charges').set('Idempotency-Key', key).set('x-version', '1').send({ amount: 9 });
+        await request(custom.url)
+          .post('/charges')
+          .set('Idempotency-Key', key)
+          .set('x-version', '1')
+          .send({ amount: 1 });
+        const sameVersion = await request(custom.url)
+          .post('/charges')
+          .set('Idempotency-Key', key)
+          .set('x-version', '1')
+          .send({ amount: 9 });
         expect(sameVersion.headers['idempotent-replayed']).toBe('true');
-        await request(custom.url).post('/charges').set('Idempotency-Key', key).set('x-version', '2').send({ amount: 1 }).expect(422);
+        await request(custom.url)
+          .post('/charges')
+          .set('Idempotency-Key', key)
+          .set('x-version', '2')
+          .send({ amount: 1 })
+          .expect(422);
       });
     });
 
@@ -527,12 +601,18 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
         const replay = await request(app.url).post('/big?size=5000').set('Idempotency-Key', key).send({});
         expect(replay.status).toBe(410);
         expect(replay.headers['idempotent-replayed']).toBe('true');
-        expect(replay.body).toMatchObject({ type: 'https://oncely.dev/problems/response-not-stored', originalStatus: 200 });
+        expect(replay.body).toMatchObject({
+          type: 'https://oncely.dev/problems/response-not-stored',
+          originalStatus: 200,
+        });
         expect(app.count('big')).toBe(1);
         // At the limit it is still stored.
         const small = newKey();
         await request(app.url).post('/big?size=1000').set('Idempotency-Key', small).send({});
-        const smallReplay = await request(app.url).post('/big?size=1000').set('Idempotency-Key', small).send({});
+        const smallReplay = await request(app.url)
+          .post('/big?size=1000')
+          .set('Idempotency-Key', small)
+          .send({});
         expect(smallReplay.status).toBe(200);
         expect(smallReplay.text).toHaveLength(1000);
       });
@@ -540,7 +620,11 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
       test('a streamed response larger than maxBodyBytes streams through whole', async () => {
         const app = await make({ maxBodyBytes: 3000 });
         const key = newKey();
-        const first = await request(app.url).post('/stream').set('Idempotency-Key', key).buffer(true).parse(binaryParser);
+        const first = await request(app.url)
+          .post('/stream')
+          .set('Idempotency-Key', key)
+          .buffer(true)
+          .parse(binaryParser);
         expect(Buffer.compare(first.body as Buffer, expectedStream())).toBe(0);
         const replay = await request(app.url).post('/stream').set('Idempotency-Key', key);
         expect(replay.status).toBe(410);
@@ -552,12 +636,28 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
       test('the same key in two scopes is two records', async () => {
         const app = await make({ scope: (req) => String(req.headers['x-tenant'] ?? 'anonymous') });
         const key = newKey();
-        const a = await request(app.url).post('/charges').set('Idempotency-Key', key).set('x-tenant', 'a').send({});
-        const b = await request(app.url).post('/charges').set('Idempotency-Key', key).set('x-tenant', 'b').send({});
+        const a = await request(app.url)
+          .post('/charges')
+          .set('Idempotency-Key', key)
+          .set('x-tenant', 'a')
+          .send({});
+        const b = await request(app.url)
+          .post('/charges')
+          .set('Idempotency-Key', key)
+          .set('x-tenant', 'b')
+          .send({});
         expect(b.headers['idempotent-replayed']).toBeUndefined();
         expect(app.count('charges')).toBe(2);
-        const replayA = await request(app.url).post('/charges').set('Idempotency-Key', key).set('x-tenant', 'a').send({});
-        const replayB = await request(app.url).post('/charges').set('Idempotency-Key', key).set('x-tenant', 'b').send({});
+        const replayA = await request(app.url)
+          .post('/charges')
+          .set('Idempotency-Key', key)
+          .set('x-tenant', 'a')
+          .send({});
+        const replayB = await request(app.url)
+          .post('/charges')
+          .set('Idempotency-Key', key)
+          .set('x-tenant', 'b')
+          .send({});
         expect(replayA.body).toEqual(a.body);
         expect(replayB.body).toEqual(b.body);
         expect(replayA.body).not.toEqual(replayB.body);
@@ -622,14 +722,30 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
           },
         });
         const key = newKey();
-        const first = request(app.url).post('/charges?delay=200').set('Idempotency-Key', key).send({}).then((r) => r);
+        const first = request(app.url)
+          .post('/charges?delay=200')
+          .set('Idempotency-Key', key)
+          .send({})
+          .then((r) => r);
         await sleep(80);
         await request(app.url).post('/charges?delay=200').set('Idempotency-Key', key).send({}).expect(409);
         await first;
         await request(app.url).post('/charges?delay=200').set('Idempotency-Key', key).send({}).expect(201);
-        await request(app.url).post('/charges?delay=200').set('Idempotency-Key', key).send({ x: 1 }).expect(422);
+        await request(app.url)
+          .post('/charges?delay=200')
+          .set('Idempotency-Key', key)
+          .send({ x: 1 })
+          .expect(422);
         await request(app.url).post('/status/500').set('Idempotency-Key', newKey()).send({}).expect(500);
-        expect(events).toEqual(['miss', 'conflict', 'complete:201', 'hit', 'mismatch', 'miss', 'release:not-cacheable']);
+        expect(events).toEqual([
+          'miss',
+          'conflict',
+          'complete:201',
+          'hit',
+          'mismatch',
+          'miss',
+          'release:not-cacheable',
+        ]);
       });
 
       test('a hook that throws does not change the answer', async () => {

@@ -9,7 +9,7 @@ export {
   type TestAppOptions,
   type TestRequest,
 } from './http-suite';
-export { binaryBody, type StoreSuiteOptions, storeContractSuite } from './store-suite';
+export { type AppProcess, fireAtOnce, type SentRequest, startAppProcess } from './processes';
 export {
   freePort,
   type PrivateRedis,
@@ -17,3 +17,4 @@ export {
   startRedis,
   startRedisCluster,
 } from './servers';
+export { binaryBody, type StoreSuiteOptions, storeContractSuite } from './store-suite';

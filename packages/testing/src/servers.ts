@@ -59,7 +59,19 @@ export async function startRedis(extraArgs: string[] = []): Promise<PrivateRedis
   const start = async () => {
     child = spawn(
       'redis-server',
-      ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, ...extraArgs],
+      [
+        '--port',
+        String(port),
+        '--bind',
+        '127.0.0.1',
+        '--save',
+        '',
+        '--appendonly',
+        'no',
+        '--dir',
+        dir,
+        ...extraArgs,
+      ],
       { stdio: 'ignore' },
     );
     await waitFor(async () => (await redisCli(port, 'ping')) === 'PONG', `redis-server on ${port}`);
@@ -98,7 +110,14 @@ export async function startRedisCluster(masters = 3): Promise<PrivateRedisCluste
   try {
     for (let i = 0; i < masters; i++) {
       servers.push(
-        await startRedis(['--cluster-enabled', 'yes', '--cluster-config-file', `nodes-${i}.conf`, '--cluster-node-timeout', '5000']),
+        await startRedis([
+          '--cluster-enabled',
+          'yes',
+          '--cluster-config-file',
+          `nodes-${i}.conf`,
+          '--cluster-node-timeout',
+          '5000',
+        ]),
       );
     }
     await run('redis-cli', [
@@ -110,7 +129,10 @@ export async function startRedisCluster(masters = 3): Promise<PrivateRedisCluste
       '--cluster-yes',
     ]);
     for (const server of servers) {
-      await waitFor(async () => (await server.cli('cluster', 'info')).includes('cluster_state:ok'), `cluster on ${server.port}`);
+      await waitFor(
+        async () => (await server.cli('cluster', 'info')).includes('cluster_state:ok'),
+        `cluster on ${server.port}`,
+      );
     }
   } catch (error) {
     await Promise.all(servers.map((s) => s.stop()));

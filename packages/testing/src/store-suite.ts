@@ -74,7 +74,9 @@ export function storeContractSuite(name: string, options: StoreSuiteOptions): vo
     test('100 concurrent acquires over 20 keys: exactly one owner per key', async () => {
       const keys = Array.from({ length: 20 }, (_, i) => key(`multi-${i}`));
       const results = await Promise.all(
-        Array.from({ length: 100 }, (_, i) => store.acquire(keys[i % 20] as string, lock).then((r) => [i % 20, r] as const)),
+        Array.from({ length: 100 }, (_, i) =>
+          store.acquire(keys[i % 20] as string, lock).then((r) => [i % 20, r] as const),
+        ),
       );
       const owners = new Map<number, number>();
       for (const [k, r] of results) if (r.status === 'acquired') owners.set(k, (owners.get(k) ?? 0) + 1);
@@ -102,7 +104,9 @@ export function storeContractSuite(name: string, options: StoreSuiteOptions): vo
         const k = key();
         const acquired = await store.acquire(k, lock);
         if (acquired.status !== 'acquired') throw new Error('expected acquired');
-        expect(await store.complete(k, acquired.token, { status: 200, headers: {}, body }, 60_000)).toBe(true);
+        expect(await store.complete(k, acquired.token, { status: 200, headers: {}, body }, 60_000)).toBe(
+          true,
+        );
         const again = await store.acquire(k, lock);
         if (again.status !== 'completed') throw new Error(`expected completed, got ${again.status}`);
         expect(again.response.body.byteLength).toBe(body.byteLength);

@@ -1,0 +1,111 @@
+import { idempotency } from '@oncely/express';
+import { type PrivateRedis, startRedis } from '@oncely/testing';
+import express from 'express';
+import Redis from 'ioredis';
+import request from 'supertest';
+import { RedisStore } from '../src';
+
+// Counted on a private redis-server, so no other client's commands are in the numbers.
+let redis: PrivateRedis;
+let client: Redis;
+let app: express.Express;
+
+beforeAll(async () => {
+  redis = await startRedis();
+  client = new Redis(redis.url);
+  app = express();
+  app.use(express.json());
+  app.use(idempotency({ store: new RedisStore({ client }) }));
+  app.post('/charges', (req, res) => void res.status(201).json({ amount: req.body.amount }));
+  // Load the scripts once (the very first call per script is EVALSHA → NOSCRIPT → EVAL).
+  await request(app).post('/charges').set('Idempotency-Key', 'warm-up').send({ amount: 0 });
+  await request(app).post('/charges').set('Idempotency-Key', 'warm-up').send({ amount: 0 });
+});
+afterAll(async () => {
+  await client.quit();
+  await redis.stop();
+});
+
+/**
+ * Runs `work` and returns the commands clients sent meanwhile, by name, as MONITOR sees them. Commands a script
+ * runs inside Redis are MONITORed with source "lua" and are not round trips, so they are left out.
+ */
+async function roundTrips(work: () => Promise<unknown>): Promise<Record<string, number>> {
+  const base = new Redis(redis.url);
+  const monitor = await base.monitor(); // a connection of its own: the base one is closed right away
+  base.disconnect();
+  const counts: Record<string, number> = {};
+  monitor.on('monitor', (_time: string, args: string[], source: string) => {
+    if (source === 'lua') return;
+    const name = String(args[0]).toLowerCase();
+    counts[name] = (counts[name] ?? 0) + 1;
+  });
+  await work();
+  await client.ping('end-of-work'); // MONITOR delivers in order: once the ping shows up, the rest has too
+  await new Promise<void>((resolve) => {
+    const check = () => ((counts.ping ?? 0) > 0 ? resolve() : setTimeout(check, 5));
+    check();
+  });
+  monitor.disconnect();
+  delete counts.ping;
+  return counts;
+}
+
+test('a first execution costs two round trips (acquire, complete), a replay one', async () => {
+  const first = await roundTrips(() =>
+    request(app).post('/charges').set('Idempotency-Key', 'first').send({ amount: 1 }).expect(201),
+  );
+  expect(first).toEqual({ evalsha: 2 });
+
+  const replay = await roundTrips(async () => {
+    const res = await request(app).post('/charges').set('Idempotency-Key', 'first').send({ amount: 1 });
+    expect(res.headers['idempotent-replayed']).toBe('true');
+  });
+  expect(replay).toEqual({ evalsha: 1 });
+
+  const mismatchAndNoKey = await roundTrips(async () => {
+    await request(app).post('/charges').set('Idempotency-Key', 'first').send({ amount: 2 }).expect(422);
+    await request(app).post('/charges').send({ amount: 2 }).expect(201); // no key: Redis is not asked
+  });
+  expect(mismatchAndNoKey).toEqual({ evalsha: 1 });
+});
+
+test('after the server loses its script cache (restart, failover), NOSCRIPT is handled', async () => {
+  await redis.cli('script', 'flush');
+  await request(app).post('/charges').set('Idempotency-Key', 'after-flush').send({ amount: 3 }).expect(201);
+  const replay = await request(app)
+    .post('/charges')
+    .set('Idempotency-Key', 'after-flush')
+    .send({ amount: 3 });
+  expect(replay.headers['idempotent-replayed']).toBe('true');
+});
+
+test('a record is one Redis key holding the body as raw bytes', async () => {
+  const body = Buffer.alloc(2048);
+  for (let i = 0; i < body.length; i++) body[i] = i % 256;
+  const store = new RedisStore({ client, prefix: 'raw:' });
+  const acquired = await store.acquire('bytes', { fingerprint: 'f', lockTimeoutMs: 30_000 });
+  if (acquired.status !== 'acquired') throw new Error('expected acquired');
+  await store.complete('bytes', acquired.token, { status: 200, headers: {}, body }, 60_000);
+  expect(await client.keys('raw:*')).toEqual(['raw:bytes']);
+  const stored = await client.hgetBuffer('raw:bytes', 'b');
+  expect(stored?.equals(body)).toBe(true);
+  expect(await client.hstrlen('raw:bytes', 'b')).toBe(2048); // no base64 or JSON inflation
+});
+
+test('leases and TTLs use Redis time: the key expires by itself (PEXPIRE), no app clock involved', async () => {
+  const store = new RedisStore({ client, prefix: 'ttl:' });
+  const acquired = await store.acquire('lease', { fingerprint: 'f', lockTimeoutMs: 5_000 });
+  if (acquired.status !== 'acquired') throw new Error('expected acquired');
+  const leasePttl = await client.pttl('ttl:lease');
+  expect(leasePttl).toBeGreaterThan(4_000);
+  expect(leasePttl).toBeLessThanOrEqual(5_000);
+  await store.complete(
+    'lease',
+    acquired.token,
+    { status: 200, headers: {}, body: new Uint8Array() },
+    3_600_000,
+  );
+  const ttl = await client.pttl('ttl:lease');
+  expect(ttl).toBeGreaterThan(3_500_000);
+});
