@@ -9,7 +9,21 @@ import {
   resolveOptions,
 } from './options';
 import { PROBLEM_TYPES, problemResponse } from './problems';
-import type { AcquireResult, StoredResponse } from './store';
+import type {
+  AcquireResult,
+  StoredResponse,
+  StoreTransaction,
+  TransactionAcquiredResult,
+  TransactionalIdempotencyStore,
+} from './store';
+
+/** What the handler can read while oncely covers its request (`req.idempotency`). */
+export interface IdempotencyContext {
+  /** The key as the client sent it, unquoted. */
+  key: string;
+  /** In transactional mode, the transaction's database client (a `pg` `PoolClient` for PostgresStore). */
+  db: unknown;
+}
 
 /** What an adapter tells the engine about a request. */
 export interface HttpRequestInput<Req> {
@@ -130,9 +144,9 @@ export class Idempotency<Req = unknown> {
       );
     }
 
-    let result: AcquireResult;
+    let result: AcquireResult | TransactionAcquiredResult;
     try {
-      result = await o.store.acquire(key, { fingerprint, lockTimeoutMs: o.lockTimeoutMs });
+      result = await this.#acquire(key, fingerprint);
     } catch (error) {
       return this.#storeDown(key, error, log, clientKey);
     }
@@ -143,7 +157,17 @@ export class Idempotency<Req = unknown> {
       switch (result.status) {
         case 'acquired':
           this.#hook('onMiss', { key }, log);
-          return { action: 'execute', execution: new Execution(this, key, clientKey, result.token, log) };
+          return {
+            action: 'execute',
+            execution: new Execution(
+              this,
+              key,
+              clientKey,
+              result.token,
+              log,
+              'transaction' in result ? result.transaction : undefined,
+            ),
+          };
         case 'completed':
           if (o.fingerprint !== false && result.fingerprint !== fingerprint) return this.#mismatch(key, log);
           this.#hook('onHit', { key }, log);
@@ -162,7 +186,7 @@ export class Idempotency<Req = unknown> {
           else await sleep(Math.min(slice, 25 * 2 ** Math.min(polls, 6)));
           polls++;
           try {
-            result = await o.store.acquire(key, { fingerprint, lockTimeoutMs: o.lockTimeoutMs });
+            result = await this.#acquire(key, fingerprint);
           } catch (error) {
             return this.#storeDown(key, error, log, clientKey);
           }
@@ -180,6 +204,14 @@ export class Idempotency<Req = unknown> {
           );
       }
     }
+  }
+
+  #acquire(key: string, fingerprint: string): Promise<AcquireResult | TransactionAcquiredResult> {
+    const o = this.options;
+    const options = { fingerprint, lockTimeoutMs: o.lockTimeoutMs };
+    return o.transactional
+      ? (o.store as TransactionalIdempotencyStore).acquireInTransaction(key, options)
+      : o.store.acquire(key, options);
   }
 
   /** Runs a hook, never letting it break a request. */
@@ -268,6 +300,8 @@ export class Idempotency<Req = unknown> {
  * One request that owns its key. Renews the lease every third of `lockTimeout` while the handler runs; then
  * `complete()` stores the response (or releases the key when the status is not cacheable) and `fail()` releases.
  * Both wait for the store, so the client sees the response only once a retry would replay it, and never reject.
+ * In transactional mode there is no lease: the key is held by the store transaction, which `complete()` commits
+ * (with the handler's writes) and `fail()` rolls back.
  */
 export class Execution {
   /** The key as the client sent it (unquoted), for `req.idempotencyKey`. */
@@ -276,10 +310,17 @@ export class Execution {
   readonly key: string;
   /** `false` when the store was down and `onStoreError: 'fail-open'` let the handler run unprotected. */
   readonly protected: boolean;
+  /** Largest body stored; a larger one is sent but kept only as "executed" (its replay is a 410). */
   readonly maxBodyBytes: number;
+  /**
+   * How much of the body an adapter holds back before it may start streaming it to the client. Equal to
+   * `maxBodyBytes`, except in transactional mode: nothing may reach the client before the commit, so all of it.
+   */
+  readonly bufferLimit: number;
   readonly #engine: Idempotency<never>;
   readonly #token: string | undefined;
   readonly #log: Logger;
+  readonly #transaction: StoreTransaction | undefined;
   #timer: NodeJS.Timeout | undefined;
   #settled = false;
 
@@ -290,23 +331,36 @@ export class Execution {
     clientKey: string,
     token: string | undefined,
     log: Logger,
+    transaction?: StoreTransaction,
   ) {
     this.#engine = engine;
     this.key = key;
     this.clientKey = clientKey;
     this.#token = token;
     this.#log = log;
+    this.#transaction = transaction;
     this.protected = token !== undefined;
     this.maxBodyBytes = engine.options.maxBodyBytes;
-    if (token !== undefined) this.#scheduleRenewal();
+    this.bufferLimit = transaction === undefined ? this.maxBodyBytes : Number.POSITIVE_INFINITY;
+    if (token !== undefined && transaction === undefined) this.#scheduleRenewal();
   }
 
-  async complete(captured: CapturedResponse): Promise<void> {
-    if (this.#settle() || this.#token === undefined) return;
+  /** The transaction's database client in transactional mode (`req.idempotency.db`); otherwise `undefined`. */
+  get db(): unknown {
+    return this.#transaction?.db;
+  }
+
+  /**
+   * Stores the finished response, or releases the key. Resolves to a response to send INSTEAD of the captured
+   * one when the captured one must not reach the client: in transactional mode, when the commit failed (nothing
+   * the handler wrote survived, so its success answer would be a lie). Otherwise resolves to `undefined`.
+   */
+  async complete(captured: CapturedResponse): Promise<StoredResponse | undefined> {
+    if (this.#settle() || this.#token === undefined) return undefined;
     const o = this.#engine.options;
     if (!o.cacheable(captured.status)) {
       await this.#release('not-cacheable', captured.status);
-      return;
+      return undefined;
     }
     const headers = storableHeaders(captured.headers, o.excludedHeaders);
     let body = captured.body;
@@ -314,6 +368,7 @@ export class Execution {
       headers[OMITTED_BODY_HEADER] = '1';
       body = EMPTY;
     }
+    if (this.#transaction !== undefined) return this.#commit({ status: captured.status, headers, body });
     try {
       const stored = await o.store.complete(
         this.key,
@@ -330,6 +385,33 @@ export class Execution {
         'oncely: could not store the response; a retry after the lease ends will run the handler again',
       );
     }
+    return undefined;
+  }
+
+  async #commit(response: StoredResponse): Promise<StoredResponse | undefined> {
+    const transaction = this.#transaction as StoreTransaction;
+    try {
+      if (await transaction.commit(response, this.#engine.options.ttlMs)) {
+        this.#engine.hook('onComplete', { key: this.key, status: response.status }, this.#log);
+        return undefined;
+      }
+      this.#fenced('complete');
+    } catch (error) {
+      this.#engine.hook('onStoreError', { key: this.key, operation: 'complete', error }, this.#log);
+      this.#log.error(
+        { err: error, key: this.key },
+        'oncely: the transaction did not commit; nothing the handler wrote was kept',
+      );
+    }
+    return problemResponse(
+      {
+        type: PROBLEM_TYPES.transactionFailed,
+        title: 'Transaction failed',
+        status: 500,
+        detail: 'The request was rolled back: nothing it did was kept. Retry with the same key.',
+      },
+      { 'retry-after': '1' },
+    );
   }
 
   /** The handler threw (or the framework routed an error): release the key so a retry runs again. */
@@ -348,6 +430,23 @@ export class Execution {
   }
 
   async #release(reason: 'not-cacheable' | 'error', status?: number): Promise<void> {
+    if (this.#transaction !== undefined) {
+      try {
+        await this.#transaction.rollback();
+        this.#engine.hook(
+          'onRelease',
+          status === undefined ? { key: this.key, reason } : { key: this.key, reason, status },
+          this.#log,
+        );
+      } catch (error) {
+        this.#engine.hook('onStoreError', { key: this.key, operation: 'release', error }, this.#log);
+        this.#log.error(
+          { err: error, key: this.key },
+          'oncely: rollback failed; the database ends the transaction when the connection closes',
+        );
+      }
+      return;
+    }
     try {
       const released = await this.#engine.options.store.release(this.key, this.#token as string);
       if (released)

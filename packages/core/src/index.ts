@@ -5,6 +5,7 @@ export {
   type HttpDecision,
   type HttpRequestInput,
   Idempotency,
+  type IdempotencyContext,
 } from './engine';
 export { IdempotencyOptionsError } from './errors';
 export { canonicalJson, defaultFingerprint } from './fingerprint';
@@ -34,4 +35,7 @@ export type {
   InProgressResult,
   RecordState,
   StoredResponse,
+  StoreTransaction,
+  TransactionAcquiredResult,
+  TransactionalIdempotencyStore,
 } from './store';

@@ -3,7 +3,7 @@ import { IdempotencyOptionsError } from './errors';
 import { ALWAYS_EXCLUDED_HEADERS } from './headers';
 import type { Logger } from './logger';
 import { MemoryStore } from './memory-store';
-import type { IdempotencyStore } from './store';
+import type { IdempotencyStore, TransactionalIdempotencyStore } from './store';
 
 /** Payloads of the observation hooks. `key` is the store key (scope included). */
 export interface IdempotencyEvent {
@@ -90,6 +90,12 @@ export interface IdempotencyOptions<Req = unknown> {
   logger?: Logger;
   /** Observation hooks. Default: none. */
   hooks?: IdempotencyHooks;
+  /**
+   * Run each execution inside a store transaction that the handler's writes join (`req.idempotency.db`), so they
+   * and the stored response commit together; the response is sent only after the commit. Needs a store with
+   * `acquireInTransaction` (PostgresStore). Default: `false`.
+   */
+  transactional?: boolean;
 }
 
 /** Options after validation, with defaults applied and durations in ms. */
@@ -111,6 +117,7 @@ export interface ResolvedOptions<Req> {
   failOpen: boolean;
   logger: Logger | undefined;
   hooks: IdempotencyHooks;
+  transactional: boolean;
 }
 
 const KNOWN_OPTIONS = new Set([
@@ -131,6 +138,7 @@ const KNOWN_OPTIONS = new Set([
   'onStoreError',
   'logger',
   'hooks',
+  'transactional',
 ]);
 
 // RFC 9110 token characters: what a header name may be made of.
@@ -162,7 +170,7 @@ export function resolveOptions<Req>(
     }
   }
   const o = options;
-  return {
+  const resolved: ResolvedOptions<Req> = {
     store: o.store === undefined ? (base?.store ?? new MemoryStore()) : checkStore(o.store),
     ttlMs: o.ttl === undefined ? (base?.ttlMs ?? 86_400_000) : positiveDuration('ttl', o.ttl),
     lockTimeoutMs:
@@ -201,7 +209,28 @@ export function resolveOptions<Req>(
     failOpen: o.onStoreError === undefined ? (base?.failOpen ?? false) : checkOnStoreError(o.onStoreError),
     logger: o.logger === undefined ? base?.logger : checkLogger(o.logger),
     hooks: o.hooks === undefined ? (base?.hooks ?? {}) : checkHooks(o.hooks),
+    transactional:
+      o.transactional === undefined
+        ? (base?.transactional ?? false)
+        : checkBoolean('transactional', o.transactional),
   };
+  if (resolved.transactional) {
+    if (
+      typeof (resolved.store as Partial<TransactionalIdempotencyStore>).acquireInTransaction !== 'function'
+    ) {
+      throw new IdempotencyOptionsError(
+        'transactional',
+        'needs a store that runs transactions, such as new PostgresStore({ pool }) from @oncely/postgres.',
+      );
+    }
+    if (resolved.failOpen) {
+      throw new IdempotencyOptionsError(
+        'onStoreError',
+        "cannot be 'fail-open' with transactional: true, because the handler needs the store's transaction; use 'fail-closed'.",
+      );
+    }
+  }
+  return resolved;
 }
 
 function checkStore(store: IdempotencyStore): IdempotencyStore {

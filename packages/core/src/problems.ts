@@ -9,6 +9,7 @@ export const PROBLEM_TYPES = {
   storeUnavailable: 'https://oncely.dev/problems/store-unavailable',
   responseNotStored: 'https://oncely.dev/problems/response-not-stored',
   internal: 'https://oncely.dev/problems/internal-error',
+  transactionFailed: 'https://oncely.dev/problems/transaction-failed',
 } as const;
 
 export interface ProblemDetails {

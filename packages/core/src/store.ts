@@ -68,3 +68,34 @@ export interface IdempotencyStore {
   waitFor?(key: string, timeoutMs: number): Promise<void>;
   close?(): Promise<void>;
 }
+
+/**
+ * Transactional mode: the key is held inside a database transaction that the handler's own writes join, so
+ * the business writes and the completed record commit together or not at all (no lease: a crashed owner's
+ * transaction simply rolls back).
+ */
+export interface StoreTransaction {
+  /** The database client of the transaction, handed to the handler (a `pg` `PoolClient` for PostgresStore). */
+  readonly db: unknown;
+  /**
+   * Writes the completed record and commits. Resolves `true` once committed; rejects if the commit failed, in
+   * which case nothing the handler wrote survived.
+   */
+  commit(response: StoredResponse, ttlMs: number): Promise<boolean>;
+  /** Rolls everything back: the record and the handler's writes. */
+  rollback(): Promise<void>;
+}
+
+export interface TransactionAcquiredResult {
+  status: 'acquired';
+  token: string;
+  transaction: StoreTransaction;
+}
+
+/** A store that can also run executions inside a transaction (`transactional: true`). */
+export interface TransactionalIdempotencyStore extends IdempotencyStore {
+  acquireInTransaction(
+    key: string,
+    options: AcquireOptions,
+  ): Promise<TransactionAcquiredResult | InProgressResult | CompletedResult>;
+}

@@ -2,6 +2,7 @@ import {
   type CapturedResponse,
   type Execution,
   Idempotency,
+  type IdempotencyContext,
   type IdempotencyOptions,
   type StoredResponse,
 } from '@oncely/core';
@@ -12,6 +13,8 @@ declare global {
     interface Request {
       /** The Idempotency-Key this request runs under (unquoted), set while oncely covers the request. */
       idempotencyKey?: string;
+      /** The key and, in transactional mode, the transaction's database client; set while oncely covers the request. */
+      idempotency?: IdempotencyContext;
     }
   }
 }
@@ -70,6 +73,7 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
         if (decision.action === 'respond') return send(res, decision.response);
         const { execution } = decision;
         req.idempotencyKey = execution.clientKey;
+        req.idempotency = { key: execution.clientKey, db: execution.db };
         (req as StatefulRequest)[kState] = { execution, error: undefined };
         patchLayer(req);
         capture(req as StatefulRequest, res, execution);
@@ -101,7 +105,8 @@ function toBuffer(chunk: Chunk, encoding: unknown): Buffer {
 /**
  * Holds back what the handler writes — through res.json, res.send, res.write/res.end, writeHead or a pipe — until
  * the response has been stored, so that a client that got the response always finds it replayable. A body that
- * outgrows maxBodyBytes stops being held: it streams through, and the record keeps only its status.
+ * outgrows maxBodyBytes stops being held: it streams through, and the record keeps only its status (in
+ * transactional mode all of it is held, since nothing may be sent before the commit).
  */
 function capture(req: StatefulRequest, res: Response, execution: Execution): void {
   const write = res.write;
@@ -119,9 +124,12 @@ function capture(req: StatefulRequest, res: Response, execution: Execution): voi
     res.writeHead = writeHead;
   };
 
-  const settle = (captured: CapturedResponse): Promise<void> => {
+  // Resolves to a response to send instead of the handler's (a failed transactional commit), if any.
+  const settle = async (captured: CapturedResponse): Promise<StoredResponse | undefined> => {
     const state = req[kState];
-    return state?.error !== undefined ? execution.fail(state.error) : execution.complete(captured);
+    if (state?.error === undefined) return execution.complete(captured);
+    await execution.fail(state.error);
+    return undefined;
   };
 
   // Too big to keep: send what we hold and let the rest through untouched; `end` stays wrapped to settle.
@@ -157,7 +165,7 @@ function capture(req: StatefulRequest, res: Response, execution: Execution): voi
     chunks.push(buffer);
     size += buffer.byteLength;
     if (typeof cb === 'function') callbacks.push(cb as WriteCallback);
-    if (size > execution.maxBodyBytes) startPassThrough();
+    if (size > execution.bufferLimit) startPassThrough();
     return true;
   } as Response['write'];
 
@@ -180,7 +188,7 @@ function capture(req: StatefulRequest, res: Response, execution: Execution): voi
     const done = (): void => {
       for (const callback of callbacks) callback();
     };
-    if (size > execution.maxBodyBytes) {
+    if (size > execution.bufferLimit) {
       // Kept as executed with its status only (its replay is a 410); the body streams through now.
       if (!passThrough) startPassThrough();
       else for (const extra of chunks) (write as WriteFn).call(res, extra);
@@ -191,9 +199,16 @@ function capture(req: StatefulRequest, res: Response, execution: Execution): voi
       return this;
     }
     const body = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, size);
-    void settle({ status: res.statusCode, headers: res.getHeaders(), body }).then(() => {
+    const stored = size <= execution.maxBodyBytes ? body : undefined;
+    void settle({ status: res.statusCode, headers: res.getHeaders(), body: stored }).then((replacement) => {
       restore();
-      res.end(body, done);
+      if (replacement === undefined) {
+        res.end(body, done);
+        return;
+      }
+      for (const name of res.getHeaderNames()) res.removeHeader(name);
+      send(res, replacement);
+      done();
     });
     return this;
   } as Response['end'];

@@ -1,5 +1,11 @@
 import { Readable } from 'node:stream';
-import { type Execution, Idempotency, type IdempotencyOptions, type StoredResponse } from '@oncely/core';
+import {
+  type Execution,
+  Idempotency,
+  type IdempotencyContext,
+  type IdempotencyOptions,
+  type StoredResponse,
+} from '@oncely/core';
 import type {
   FastifyInstance,
   FastifyReply,
@@ -29,6 +35,8 @@ declare module 'fastify' {
   interface FastifyRequest {
     /** The Idempotency-Key this request runs under (unquoted), set while oncely covers the request. */
     idempotencyKey: string | undefined;
+    /** The key and, in transactional mode, the transaction's database client; set while oncely covers the request. */
+    idempotency: IdempotencyContext | undefined;
   }
 }
 
@@ -53,6 +61,7 @@ async function idempotencyPluginAsync(
   // A second registration (say, in a child context) shares the decorators of the first.
   if (!fastify.hasRequestDecorator(kState)) {
     fastify.decorateRequest('idempotencyKey', undefined);
+    fastify.decorateRequest('idempotency', undefined);
     fastify.decorateRequest(kState, null);
   }
 
@@ -76,6 +85,7 @@ async function idempotencyPluginAsync(
         return send(reply, decision.response);
       }
       request.idempotencyKey = decision.execution.clientKey;
+      request.idempotency = { key: decision.execution.clientKey, db: decision.execution.db };
       req[kState] = { execution: decision.execution, error: undefined };
     };
 
@@ -88,9 +98,19 @@ async function idempotencyPluginAsync(
         await execution.fail(state.error);
         return payload;
       }
-      const { body, payload: out } = await collect(payload, execution.maxBodyBytes);
-      await execution.complete({ status: reply.statusCode, headers: reply.getHeaders(), body });
-      return out;
+      const { body, payload: out } = await collect(payload, execution.bufferLimit);
+      const stored = body !== undefined && body.byteLength <= execution.maxBodyBytes ? body : undefined;
+      const replacement = await execution.complete({
+        status: reply.statusCode,
+        headers: reply.getHeaders(),
+        body: stored,
+      });
+      if (replacement === undefined) return out;
+      // The transaction did not commit: the handler's answer must not reach the client.
+      reply.code(replacement.status);
+      for (const name of Object.keys(reply.getHeaders())) reply.removeHeader(name);
+      for (const name in replacement.headers) reply.header(name, replacement.headers[name]);
+      return Buffer.from(replacement.body);
     };
 
     // Fastify runs onError for an error thrown or rejected by the handler or a later hook, before the error

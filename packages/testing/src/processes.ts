@@ -6,6 +6,8 @@ import { createInterface } from 'node:readline';
 export interface AppProcess {
   url: string;
   child: ChildProcess;
+  /** Resolves with the next stdout line (after the port line) that `match` accepts. */
+  waitForLine(match: (line: string) => boolean, timeoutMs?: number): Promise<string>;
   /** SIGKILL, and wait for the exit. */
   kill(): Promise<void>;
 }
@@ -31,11 +33,26 @@ export function startAppProcess(script: string, env: Record<string, string>): Pr
       reject(new Error(`${script} did not report a port within 20s`));
     }, 20_000);
     child.once('exit', (code, signal) => reject(new Error(`${script} exited early (${code ?? signal})`)));
-    createInterface({ input: child.stdout as NodeJS.ReadableStream }).once('line', (line) => {
+    const lines = createInterface({ input: child.stdout as NodeJS.ReadableStream });
+    const waitForLine = (match: (line: string) => boolean, timeoutMs = 20_000) =>
+      new Promise<string>((resolveLine, rejectLine) => {
+        const onLine = (line: string) => {
+          if (!match(line)) return;
+          clearTimeout(lineTimer);
+          lines.off('line', onLine);
+          resolveLine(line);
+        };
+        const lineTimer = setTimeout(() => {
+          lines.off('line', onLine);
+          rejectLine(new Error(`${script}: no matching line within ${timeoutMs}ms`));
+        }, timeoutMs);
+        lines.on('line', onLine);
+      });
+    lines.once('line', (line) => {
       clearTimeout(timer);
       try {
         const { port } = JSON.parse(line) as { port: number };
-        resolve({ url: `http://127.0.0.1:${port}`, child, kill });
+        resolve({ url: `http://127.0.0.1:${port}`, child, kill, waitForLine });
       } catch (error) {
         reject(error);
       }

@@ -1,0 +1,16 @@
+import type { PoolClient } from 'pg';
+
+/**
+ * The transaction's client for a request in transactional mode (`req.idempotency.db`, typed). Throws if the
+ * request is not covered or the adapter is not `transactional: true`, rather than let writes escape the
+ * transaction silently.
+ */
+export function transactionClient(request: { idempotency?: { db: unknown } | undefined }): PoolClient {
+  const db = request.idempotency?.db;
+  if (db === undefined || db === null) {
+    throw new Error(
+      'oncely/postgres: this request has no idempotency transaction; use transactional: true on the adapter with a PostgresStore, and send an Idempotency-Key.',
+    );
+  }
+  return db as PoolClient;
+}

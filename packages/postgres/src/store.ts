@@ -1,0 +1,403 @@
+import { randomUUID } from 'node:crypto';
+import {
+  type AcquireOptions,
+  type AcquireResult,
+  type CompletedResult,
+  type Duration,
+  type IdempotencyRecord,
+  type InProgressResult,
+  parseDuration,
+  type StoredResponse,
+  type StoreTransaction,
+  type TransactionAcquiredResult,
+  type TransactionalIdempotencyStore,
+} from '@oncely/core';
+import type { Pool, PoolClient, QueryResultRow } from 'pg';
+import { checkIdentifier, type Statements, statements } from './sql';
+
+export interface PostgresStoreOptions {
+  /** A `pg` Pool, yours to end. Each store step is one statement on it. */
+  pool: Pool;
+  /** Table of the records (the outbox is `<table>_outbox`). Default: `'oncely_idempotency'`. */
+  table?: string;
+  /** Schema of the table. Default: `'public'`. */
+  schema?: string;
+  /**
+   * Queue every completion in the outbox table, in the same statement, for an `OutboxRelay` to copy to a cache
+   * (RedisStore). Default: `false`.
+   */
+  outbox?: boolean;
+}
+
+export interface PurgeOptions {
+  /** Rows deleted per statement; small batches keep each delete's locks short. Default: `1000`. */
+  batchSize?: number;
+  /** Stop after this many batches (the reaper runs again later). Default: `100`. */
+  maxBatches?: number;
+}
+
+export interface ReaperOptions extends PurgeOptions {
+  /** How often the reaper runs. Default: `'1m'`. */
+  interval?: Duration;
+  /** Called with a reaper failure (the reaper keeps running). Default: ignored. */
+  onError?: (error: unknown) => void;
+}
+
+export interface Reaper {
+  stop(): Promise<void>;
+}
+
+const STATE: Record<string, IdempotencyRecord['state']> = {
+  in_progress: 'in_progress',
+  completed: 'completed',
+};
+
+function toResponse(row: { status: number | null; headers: unknown; body: Buffer | null }): StoredResponse {
+  return {
+    status: Number(row.status),
+    headers: (row.headers ?? {}) as StoredResponse['headers'],
+    body: row.body ?? Buffer.alloc(0),
+  };
+}
+
+interface AcquireRow {
+  s: 'a' | 'c' | 'p';
+  fingerprint: string | null;
+  retry_ms: string | null;
+  status: number | null;
+  headers: unknown;
+  body: Buffer | null;
+}
+
+/**
+ * A store in PostgreSQL: records live in one table, keyed by the idempotency key. Each step is one statement
+ * (acquire is an INSERT ... ON CONFLICT ... DO UPDATE ... WHERE the record is dead, with no check-then-act), and
+ * every time comes from the database's clock. With `transactional: true` on the adapter (or
+ * `store.transaction()` for consumers), the record is written in the same transaction as the handler's own writes.
+ */
+export class PostgresStore implements TransactionalIdempotencyStore {
+  readonly #pool: Pool;
+  readonly #sql: Statements;
+  readonly #outbox: boolean;
+  readonly #lockSpace: string;
+
+  constructor(options: PostgresStoreOptions) {
+    if (options === null || typeof options !== 'object' || typeof options.pool?.query !== 'function') {
+      throw new TypeError(
+        'oncely/postgres: option "pool" is required: new PostgresStore({ pool: new pg.Pool() }).',
+      );
+    }
+    const schema = checkIdentifier('schema', options.schema ?? 'public');
+    const table = checkIdentifier('table', options.table ?? 'oncely_idempotency');
+    if (table.length > 55)
+      throw new TypeError('oncely/postgres: option "table" must be at most 55 characters.');
+    this.#pool = options.pool;
+    this.#sql = statements(schema, table);
+    this.#outbox = options.outbox === true;
+    this.#lockSpace = `${schema}.${table}:`;
+  }
+
+  /** The qualified names of the records and outbox tables, for your own queries. */
+  get tables(): { records: string; outbox: string } {
+    return { records: this.#sql.table, outbox: this.#sql.outbox };
+  }
+
+  /** Creates the schema, tables and index if they do not exist. Safe to run twice, and concurrently. */
+  async migrate(): Promise<void> {
+    const client = await this.#pool.connect();
+    try {
+      await client.query('BEGIN');
+      // Concurrent CREATE ... IF NOT EXISTS can still collide in the catalog: serialise migrations.
+      await client.query('SELECT pg_advisory_xact_lock(hashtextextended($1, 0))', [
+        `${this.#lockSpace}migrate`,
+      ]);
+      for (const statement of this.#sql.migrate) await client.query(statement);
+      await client.query('COMMIT');
+    } catch (error) {
+      await client.query('ROLLBACK').catch(() => {});
+      throw error;
+    } finally {
+      client.release();
+    }
+  }
+
+  async acquire(key: string, options: AcquireOptions): Promise<AcquireResult> {
+    return this.#acquireOn(this.#pool, key, options);
+  }
+
+  async complete(key: string, token: string, response: StoredResponse, ttlMs: number): Promise<boolean> {
+    const sql = this.#outbox ? this.#sql.completeWithOutbox : this.#sql.complete;
+    const result = await this.#pool.query(sql, [
+      key,
+      token,
+      response.status,
+      response.headers,
+      toBuffer(response.body),
+      ttlMs,
+    ]);
+    return result.rowCount === 1;
+  }
+
+  async release(key: string, token: string): Promise<boolean> {
+    return (await this.#pool.query(this.#sql.release, [key, token])).rowCount === 1;
+  }
+
+  async renew(key: string, token: string, lockTimeoutMs: number): Promise<boolean> {
+    return (await this.#pool.query(this.#sql.renew, [key, token, lockTimeoutMs])).rowCount === 1;
+  }
+
+  async get(key: string): Promise<IdempotencyRecord | undefined> {
+    const { rows } = await this.#pool.query(this.#sql.get, [key]);
+    const row = rows[0] as
+      | {
+          state: string;
+          fingerprint: string;
+          token: string;
+          lock_ms: string;
+          expires_ms: string;
+          status: number | null;
+          headers: unknown;
+          body: Buffer | null;
+        }
+      | undefined;
+    if (row === undefined) return undefined;
+    const record: IdempotencyRecord = {
+      state: STATE[row.state] ?? 'in_progress',
+      fingerprint: row.fingerprint,
+      token: row.token,
+      lockExpiresAt: Number(row.lock_ms),
+      expiresAt: Number(row.expires_ms),
+    };
+    if (record.state === 'completed') record.response = toResponse(row);
+    return record;
+  }
+
+  async delete(key: string): Promise<boolean> {
+    return (await this.#pool.query(this.#sql.delete, [key])).rowCount === 1;
+  }
+
+  /**
+   * Transactional mode: opens a transaction on a client of its own, takes the key's advisory lock (never waiting:
+   * a duplicate of a running transaction is told "in progress" at once), and reserves the key inside it. The
+   * caller's work joins the transaction through `transaction.db`; `commit()` writes the completed record and
+   * commits both. If the process dies, PostgreSQL rolls everything back and releases the lock.
+   */
+  async acquireInTransaction(
+    key: string,
+    options: AcquireOptions,
+  ): Promise<TransactionAcquiredResult | InProgressResult | CompletedResult> {
+    const client = await this.#pool.connect();
+    let open = false;
+    const done = async (rollback: boolean, destroy?: unknown): Promise<void> => {
+      if (rollback && open) await client.query('ROLLBACK').catch((error: unknown) => (destroy ??= error));
+      open = false;
+      // A client whose rollback failed is broken: release it with the error so the pool discards it.
+      client.release(destroy instanceof Error ? destroy : undefined);
+    };
+    try {
+      await client.query('BEGIN');
+      open = true;
+      const { rows } = await client.query(this.#sql.tryLock, [this.#lockSpace + key]);
+      if (rows[0]?.locked !== true) {
+        await done(true);
+        return { status: 'in_progress', fingerprint: options.fingerprint, retryAfterMs: 1000 };
+      }
+      // After the lock, a fresh statement (and snapshot): a record committed before we got the lock is seen.
+      const result = await this.#acquireOn(client, key, options);
+      if (result.status !== 'acquired') {
+        await done(true);
+        return result;
+      }
+      const { token } = result;
+      const sql = this.#outbox ? this.#sql.completeInTransactionWithOutbox : this.#sql.completeInTransaction;
+      let settled = false;
+      const transaction: StoreTransaction = {
+        db: client,
+        commit: async (response, ttlMs) => {
+          if (settled) return false;
+          settled = true;
+          try {
+            const updated = await client.query(sql, [
+              key,
+              token,
+              response.status,
+              response.headers,
+              toBuffer(response.body),
+              ttlMs,
+            ]);
+            if (updated.rowCount !== 1) {
+              await done(true);
+              return false;
+            }
+            await client.query('COMMIT');
+            open = false;
+            await done(false);
+            return true;
+          } catch (error) {
+            await done(true, error);
+            throw error;
+          }
+        },
+        rollback: async () => {
+          if (settled) return;
+          settled = true;
+          await done(true);
+        },
+      };
+      return { status: 'acquired', token, transaction };
+    } catch (error) {
+      await done(true, error);
+      throw error;
+    }
+  }
+
+  /**
+   * Runs `work` once per key, inside one transaction that also writes the completion (for message consumers
+   * whose side effects are in this database). Duplicates get the stored result; a duplicate of a transaction
+   * still running gets `TransactionInProgressError`; an error thrown by `work` rolls everything back and is
+   * re-thrown (the next delivery runs again). The result must be JSON-serialisable.
+   */
+  async transaction<T>(
+    key: string,
+    options: { fingerprint?: string; ttl?: Duration },
+    work: (client: PoolClient) => Promise<T>,
+  ): Promise<{ outcome: 'executed' | 'replayed'; result: T }> {
+    const fingerprint = options.fingerprint ?? '';
+    const ttlMs = parseDuration(options.ttl ?? '24h');
+    const acquired = await this.acquireInTransaction(key, { fingerprint, lockTimeoutMs: 30_000 });
+    if (acquired.status === 'in_progress') throw new TransactionInProgressError(key, acquired.retryAfterMs);
+    if (acquired.status === 'completed') {
+      if (options.fingerprint !== undefined && acquired.fingerprint !== fingerprint)
+        throw new TransactionMismatchError(key);
+      return {
+        outcome: 'replayed',
+        result: JSON.parse(Buffer.from(acquired.response.body).toString('utf8')) as T,
+      };
+    }
+    const { transaction } = acquired;
+    let result: T;
+    let body: Buffer;
+    try {
+      result = await work(transaction.db as PoolClient);
+      const json = JSON.stringify(result);
+      if (json === undefined)
+        throw new TypeError(
+          `oncely/postgres: the result of the work for key ${JSON.stringify(key)} is not JSON-serialisable (got ${typeof result}); nothing was committed.`,
+        );
+      body = Buffer.from(json);
+    } catch (error) {
+      await transaction.rollback();
+      throw error;
+    }
+    if (
+      !(await transaction.commit(
+        { status: 200, headers: { 'content-type': 'application/json' }, body },
+        ttlMs,
+      ))
+    ) {
+      throw new Error(
+        `oncely/postgres: the record for key ${JSON.stringify(key)} could not be completed; nothing was committed.`,
+      );
+    }
+    return { outcome: 'executed', result };
+  }
+
+  /**
+   * Deletes expired records in small batches (`FOR UPDATE SKIP LOCKED`, oldest first, using the expires_at
+   * index), until none is left or `maxBatches` ran. Resolves to the number deleted.
+   */
+  async purgeExpired(options: PurgeOptions = {}): Promise<number> {
+    const batchSize = options.batchSize ?? 1000;
+    const maxBatches = options.maxBatches ?? 100;
+    let total = 0;
+    for (let i = 0; i < maxBatches; i++) {
+      const deleted = (await this.#pool.query(this.#sql.purge, [batchSize])).rowCount ?? 0;
+      total += deleted;
+      if (deleted < batchSize) break;
+    }
+    return total;
+  }
+
+  /** Runs `purgeExpired` every `interval` (timer `unref`'d, one run at a time) until `stop()`. */
+  startReaper(options: ReaperOptions = {}): Reaper {
+    const intervalMs = parseDuration(options.interval ?? '1m');
+    let running: Promise<unknown> = Promise.resolve();
+    let stopped = false;
+    const timer = setInterval(() => {
+      running = running
+        .then(() => (stopped ? 0 : this.purgeExpired(options)))
+        .catch((error: unknown) => options.onError?.(error));
+    }, intervalMs);
+    timer.unref();
+    return {
+      stop: async () => {
+        stopped = true;
+        clearInterval(timer);
+        await running;
+      },
+    };
+  }
+
+  /** @internal the relay's view of the outbox */
+  get statements(): Statements {
+    return this.#sql;
+  }
+
+  /** @internal */
+  get pool(): Pool {
+    return this.#pool;
+  }
+
+  async #acquireOn(
+    db: Pool | PoolClient,
+    key: string,
+    { fingerprint, lockTimeoutMs }: AcquireOptions,
+  ): Promise<AcquireResult> {
+    const token = randomUUID();
+    // An empty answer means the row appeared after this statement's snapshot: run it again with a fresh one.
+    for (let attempt = 0; attempt < 10; attempt++) {
+      const { rows } = await db.query<AcquireRow & QueryResultRow>(this.#sql.acquire, [
+        key,
+        fingerprint,
+        token,
+        lockTimeoutMs,
+      ]);
+      const row = rows[0];
+      if (row === undefined) continue;
+      if (row.s === 'a') return { status: 'acquired', token };
+      if (row.s === 'p')
+        return {
+          status: 'in_progress',
+          fingerprint: row.fingerprint ?? '',
+          retryAfterMs: Number(row.retry_ms),
+        };
+      return { status: 'completed', fingerprint: row.fingerprint ?? '', response: toResponse(row) };
+    }
+    throw new Error(
+      `oncely/postgres: acquire for key ${JSON.stringify(key)} found no stable answer after 10 attempts`,
+    );
+  }
+}
+
+function toBuffer(body: Uint8Array): Buffer {
+  return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+}
+
+/** `store.transaction()`: the key's transaction is still running (retry later). */
+export class TransactionInProgressError extends Error {
+  override readonly name = 'TransactionInProgressError';
+  constructor(
+    readonly key: string,
+    readonly retryAfterMs: number,
+  ) {
+    super(`oncely/postgres: a transaction for key ${JSON.stringify(key)} is still running`);
+  }
+}
+
+/** `store.transaction()`: the key was used with a different fingerprint. */
+export class TransactionMismatchError extends Error {
+  override readonly name = 'TransactionMismatchError';
+  constructor(readonly key: string) {
+    super(`oncely/postgres: key ${JSON.stringify(key)} was already used with a different fingerprint`);
+  }
+}
