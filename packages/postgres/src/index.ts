@@ -1,5 +1,12 @@
 export { transactionClient } from './context';
 export {
+  CachedStore,
+  type CompletedRecordCache,
+  OutboxRelay,
+  type OutboxRelayOptions,
+  type RelayRun,
+} from './relay';
+export {
   PostgresStore,
   type PostgresStoreOptions,
   type PurgeOptions,

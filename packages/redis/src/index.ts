@@ -90,6 +90,27 @@ export class RedisStore implements IdempotencyStore {
     return parseGet(await this.#run(SCRIPTS.get, key, []));
   }
 
+  /**
+   * Stores a completed record copied from another store (the PostgreSQL outbox relay keeps Redis as a read
+   * cache this way), unless a completed record is already there. Resolves `true` if it wrote.
+   */
+  async putCompleted(
+    key: string,
+    record: { fingerprint: string; response: StoredResponse },
+    ttlMs: number,
+  ): Promise<boolean> {
+    const { fingerprint, response } = record;
+    const body = Buffer.from(response.body.buffer, response.body.byteOffset, response.body.byteLength);
+    const args = [
+      fingerprint,
+      response.status,
+      JSON.stringify(response.headers),
+      body,
+      Math.max(1, Math.floor(ttlMs)),
+    ];
+    return parseFlag(await this.#run(SCRIPTS.putCompleted, key, args));
+  }
+
   async delete(key: string): Promise<boolean> {
     return (await this.#client.del(this.#prefix + key)) === 1;
   }

@@ -66,6 +66,16 @@ if not r[1] then return nil end
 local ttl = redis.call('PTTL', KEYS[1])
 return {r[1], r[2], r[3], r[4] or '0', r[5] or '', r[6] or '', r[7] or '', now + ttl}`;
 
+/**
+ * KEYS: record. ARGV: fingerprint, status, headers JSON, body, ttlMs. Writes a completed record copied from
+ * another store (the PostgreSQL outbox relay) unless a completed one is already there; replies 1 if it wrote.
+ */
+export const PUT_COMPLETED = `if redis.call('HGET', KEYS[1], 's') == 'c' then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 's', 'c', 'f', ARGV[1], 't', 'copy', 'c', ARGV[2], 'h', ARGV[3], 'b', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return 1`;
+
 export interface Script {
   readonly lua: string;
   readonly sha: string;
@@ -82,4 +92,5 @@ export const SCRIPTS = {
   renew: script(RENEW),
   watch: script(WATCH),
   get: script(GET),
+  putCompleted: script(PUT_COMPLETED),
 } as const;
