@@ -127,7 +127,14 @@ export class Idempotency<Req = unknown> {
     let fingerprint: string;
     try {
       // A scope may hold any character; the key cannot hold a space, so the last space splits them unambiguously.
-      key = o.scope === undefined ? clientKey : `${o.scope(input.request)} ${clientKey}`;
+      if (o.scope === undefined) key = clientKey;
+      else {
+        const scope: unknown = o.scope(input.request);
+        // Anything but a string (a Promise from an async scope, undefined) would merge scopes: refuse it.
+        if (typeof scope !== 'string')
+          throw new TypeError(`scope() must return a string; it returned ${typeof scope}`);
+        key = `${scope} ${clientKey}`;
+      }
       fingerprint =
         o.fingerprint === false
           ? ''
@@ -513,13 +520,17 @@ function replayOf(stored: StoredResponse): StoredResponse {
     );
     return response;
   }
+  // 1xx, 204 and 304 responses carry no body and must not carry Content-Length (RFC 9110 §8.6).
+  const bodiless = stored.status < 200 || stored.status === 204 || stored.status === 304;
   return {
     status: stored.status,
-    headers: {
-      ...stored.headers,
-      'content-length': String(stored.body.byteLength),
-      'idempotent-replayed': 'true',
-    },
+    headers: bodiless
+      ? { ...stored.headers, 'idempotent-replayed': 'true' }
+      : {
+          ...stored.headers,
+          'content-length': String(stored.body.byteLength),
+          'idempotent-replayed': 'true',
+        },
     body: stored.body,
   };
 }

@@ -256,7 +256,8 @@ function positiveDuration(name: string, value: unknown): number {
     );
   }
   if (ms < 1) throw new IdempotencyOptionsError(name, `must be at least 1ms; got ${JSON.stringify(value)}.`);
-  return ms;
+  // Whole milliseconds: stores pass these to commands (Redis PEXPIRE) that refuse fractions.
+  return Math.ceil(ms);
 }
 
 function positiveInteger(name: string, value: unknown): number {

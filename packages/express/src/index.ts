@@ -69,16 +69,30 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
         request: req,
       })
       .then((decision) => {
+        // Something else (a timeout middleware, say) answered while the store was being asked: do nothing more,
+        // and free the key if we hold it.
+        if (res.headersSent || res.writableEnded) {
+          if (decision.action === 'execute') void decision.execution.fail(new Error('response already sent'));
+          return;
+        }
         if (decision.action === 'pass') return next();
         if (decision.action === 'respond') return send(res, decision.response);
         const { execution } = decision;
+        const state: RequestState = { execution, error: undefined };
         req.idempotencyKey = execution.clientKey;
         req.idempotency = { key: execution.clientKey, db: execution.db };
-        (req as StatefulRequest)[kState] = { execution, error: undefined };
+        (req as StatefulRequest)[kState] = state;
         patchLayer(req);
         capture(req as StatefulRequest, res, execution);
+        // A response that closes without passing through our end (Express destroys the socket when a handler
+        // fails after streaming began) would otherwise keep its lease renewed: release it if an error was noted.
+        // Without an error the handler may still be running (the client merely left), so the lease stays.
+        res.once('close', () => {
+          if (state.error !== undefined) void execution.fail(state.error);
+        });
         next();
-      }, next);
+      })
+      .catch(next);
   };
 }
 
@@ -164,7 +178,8 @@ function capture(req: StatefulRequest, res: Response, execution: Execution): voi
     const buffer = toBuffer(chunk, encoding);
     chunks.push(buffer);
     size += buffer.byteLength;
-    if (typeof cb === 'function') callbacks.push(cb as WriteCallback);
+    // The chunk is accepted into memory: say so now, or a handler awaiting its write callback would never resume.
+    if (typeof cb === 'function') process.nextTick(cb as WriteCallback);
     if (size > execution.bufferLimit) startPassThrough();
     return true;
   } as Response['write'];
@@ -200,9 +215,16 @@ function capture(req: StatefulRequest, res: Response, execution: Execution): voi
     }
     const body = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, size);
     const stored = size <= execution.maxBodyBytes ? body : undefined;
-    void settle({ status: res.statusCode, headers: res.getHeaders(), body: stored }).then((replacement) => {
+    const status = res.statusCode;
+    const headers = res.getHeaders();
+    void settle({ status, headers, body: stored }).then((replacement) => {
       restore();
       if (replacement === undefined) {
+        // While the store was asked, headersSent still read false: code running after the handler's answer (a
+        // late error handler, say) may have changed status or headers. Send exactly what was stored.
+        res.statusCode = status;
+        for (const name of res.getHeaderNames()) if (!(name in headers)) res.removeHeader(name);
+        for (const name in headers) res.setHeader(name, headers[name] as string | string[] | number);
         res.end(body, done);
         return;
       }

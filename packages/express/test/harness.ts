@@ -43,7 +43,12 @@ export function expressHarness(name: string, express: ExpressFactory): AdapterHa
       };
       app.all('/charges', charges);
       app.post('/status/:code', (req, res) => {
-        res.status(Number(req.params.code)).json({ n: count('status') });
+        const n = count('status');
+        const code = Number(req.params.code);
+        const reply = () => (code === 204 ? res.status(204).end() : res.status(code).json({ n }));
+        const delay = Number(req.query.delay ?? 0);
+        if (delay > 0) setTimeout(reply, delay);
+        else reply();
       });
       app.post('/throw', (req) => {
         count('throw');

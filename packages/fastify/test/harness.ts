@@ -40,8 +40,12 @@ export const fastifyHarness: AdapterHarness = {
       },
     });
     app.post('/status/:code', async (request, reply) => {
-      reply.code(Number((request.params as { code: string }).code));
-      return { n: count('status') };
+      const n = count('status');
+      const delay = Number((request.query as { delay?: string }).delay ?? 0);
+      if (delay > 0) await sleep(delay);
+      const code = Number((request.params as { code: string }).code);
+      reply.code(code);
+      return code === 204 ? reply.send() : { n };
     });
     app.post('/throw', (request) => {
       count('throw');

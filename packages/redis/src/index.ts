@@ -35,6 +35,7 @@ export class RedisStore implements IdempotencyStore {
   #subscriber: Client | undefined;
   #subscribed: Promise<void> | undefined;
   readonly #waiters = new Map<string, Set<() => void>>();
+  #closed = false;
 
   constructor(options: RedisStoreOptions) {
     if (options === null || typeof options !== 'object' || options.client === undefined) {
@@ -121,6 +122,8 @@ export class RedisStore implements IdempotencyStore {
    * If the subscription cannot be made, waiters sleep until their timeout and the engine polls.
    */
   async waitFor(key: string, timeoutMs: number): Promise<void> {
+    // After close(), never open a subscriber again (it would keep the process alive): the engine polls instead.
+    if (this.#closed) return;
     let wake!: () => void;
     const woken = new Promise<void>((resolve) => {
       wake = resolve;
@@ -149,6 +152,7 @@ export class RedisStore implements IdempotencyStore {
 
   /** Closes the store's own subscriber connection; the client you passed in stays yours to quit. */
   async close(): Promise<void> {
+    this.#closed = true;
     for (const waiters of this.#waiters.values()) for (const wake of waiters) wake();
     const subscriber = this.#subscriber;
     this.#subscriber = undefined;
