@@ -513,7 +513,7 @@ function replayOf(stored: StoredResponse): StoredResponse {
         type: PROBLEM_TYPES.responseNotStored,
         title: 'Response not stored',
         status: 410,
-        detail: `The request with this idempotency key was executed (status ${stored.status}), but its response was larger than maxBodyBytes and was not kept. It will not be executed again.`,
+        detail: `The request with this idempotency key was executed (status ${stored.status}), but its response was not kept (larger than maxBodyBytes, or written outside oncely). It will not be executed again.`,
         originalStatus: stored.status,
       },
       { 'idempotent-replayed': 'true' },

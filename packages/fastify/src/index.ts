@@ -1,5 +1,7 @@
-import { Readable } from 'node:stream';
+import { PassThrough, Readable } from 'node:stream';
+import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import {
+  type CapturedResponse,
   type Execution,
   Idempotency,
   type IdempotencyContext,
@@ -43,8 +45,15 @@ declare module 'fastify' {
 const kState = Symbol.for('oncely.fastify.state');
 
 interface RequestState {
+  /**
+   * The execution while nothing is settling it. Whatever settles it (onSend, the streamed body, the response's
+   * `close`) takes it out of here first, synchronously, so it settles exactly once.
+   */
   execution: Execution | undefined;
+  /** An error Fastify routed for this request (seen by onError): the key is released whatever the answer. */
   error: unknown;
+  /** Set while a body too large to store streams to the client: what to record if the client goes away. */
+  stream: { captured: CapturedResponse; stop: () => void } | undefined;
 }
 type StatefulRequest = FastifyRequest & { [kState]: RequestState | null };
 
@@ -81,31 +90,63 @@ async function idempotencyPluginAsync(
       );
       if (decision.action === 'pass') return;
       if (decision.action === 'respond') {
-        req[kState] = { execution: undefined, error: undefined };
+        req[kState] = { execution: undefined, error: undefined, stream: undefined };
         return send(reply, decision.response);
       }
       request.idempotencyKey = decision.execution.clientKey;
       request.idempotency = { key: decision.execution.clientKey, db: decision.execution.db };
-      req[kState] = { execution: decision.execution, error: undefined };
+      const state: RequestState = { execution: decision.execution, error: undefined, stream: undefined };
+      req[kState] = state;
+      // The response can end without passing through onSend (a hijacked reply, a client that went away during
+      // a streamed body): its end settles whatever is still unsettled, so no key stays locked.
+      reply.raw.once('close', () => onResponseClose(state, reply));
     };
 
     const onSend: onSendHookHandler<unknown> = async function oncelyOnSend(request, reply, payload) {
       const state = (request as StatefulRequest)[kState];
       const execution = state?.execution;
-      if (state === null || execution === undefined) return payload;
+      if (state === null || state === undefined || execution === undefined) return payload;
+      // From here on this hook settles the execution, on every path.
       state.execution = undefined;
+      if (state.stream !== undefined) {
+        // A streamed body was handed over, yet another answer comes through (an error response): drop it.
+        state.stream.stop();
+        state.stream = undefined;
+      }
       if (state.error !== undefined) {
         await execution.fail(state.error);
         return payload;
       }
-      const { body, payload: out } = await collect(payload, execution.bufferLimit);
-      const stored = body !== undefined && body.byteLength <= execution.maxBodyBytes ? body : undefined;
+      let read: Collected;
+      try {
+        read = await collect(reply, payload, execution.bufferLimit);
+      } catch (error) {
+        // Fastify answers with its error handler, whose reply passes here again and finds nothing to settle.
+        await execution.fail(error);
+        throw error;
+      }
+      if (read.kind === 'unknown') {
+        (routeEngine.options.logger ?? request.log).error(
+          { key: execution.key, payloadType: describe(payload) },
+          'oncely: cannot read this reply payload; releasing the key instead of storing the response',
+        );
+        await execution.fail();
+        return payload;
+      }
+      if (read.kind === 'stream') {
+        // Too big to keep: the rest streams through, and the end of the stream settles the execution.
+        const captured = { status: reply.statusCode, headers: reply.getHeaders(), body: undefined };
+        state.execution = execution;
+        state.stream = { captured, stop: read.stop };
+        return Readable.from(continuation(state, read, captured), { objectMode: false });
+      }
+      const stored = read.body.byteLength <= execution.maxBodyBytes ? read.body : undefined;
       const replacement = await execution.complete({
         status: reply.statusCode,
         headers: reply.getHeaders(),
         body: stored,
       });
-      if (replacement === undefined) return out;
+      if (replacement === undefined) return read.payload;
       // The transaction did not commit: the handler's answer must not reach the client.
       reply.code(replacement.status);
       for (const name of Object.keys(reply.getHeaders())) reply.removeHeader(name);
@@ -126,6 +167,78 @@ async function idempotencyPluginAsync(
   });
 }
 
+/** Takes the unsettled execution out of the state: the caller settles it. */
+function take(state: RequestState): Execution | undefined {
+  const execution = state.execution;
+  state.execution = undefined;
+  state.stream = undefined;
+  return execution;
+}
+
+/** The response is over (sent, or its connection gone): settles an execution nothing else will settle. */
+function onResponseClose(state: RequestState, reply: FastifyReply): void {
+  if (state.execution === undefined) return; // settled, or onSend is settling it
+  const settle = (run: (execution: Execution) => Promise<unknown>) => {
+    const execution = take(state) as Execution;
+    run(execution).catch((error: unknown) => reply.log.error({ err: error }, 'oncely: settling failed'));
+  };
+  if (state.error !== undefined) {
+    const error = state.error;
+    settle((execution) => execution.fail(error));
+    return;
+  }
+  const stream = state.stream;
+  if (stream !== undefined) {
+    // The client went away before the end of a body too large to keep. The handler ran: record it as
+    // executed (a retry gets a 410, never a second run), and stop reading the source.
+    stream.stop();
+    settle((execution) => execution.complete(stream.captured));
+    return;
+  }
+  const raw = reply.raw;
+  if (raw.writableFinished || reply.sent) {
+    // Answered without onSend: the handler hijacked the reply (or wrote to reply.raw) and sent it itself. It
+    // ran, but its body was never seen: recorded as executed, without a body (a retry gets a 410).
+    settle((execution) =>
+      execution.complete({ status: raw.statusCode, headers: raw.getHeaders(), body: undefined }),
+    );
+  }
+  // Otherwise the client went away while the handler runs: its reply still passes through onSend, which settles.
+}
+
+/**
+ * Sends what was read, then the rest of the source, for a body too large to store; records the execution when
+ * the source ends, releases the key when the source fails, and stops reading when the client goes away.
+ */
+async function* continuation(
+  state: RequestState,
+  read: Streamed,
+  captured: CapturedResponse,
+): AsyncGenerator<Buffer> {
+  let ended = false;
+  try {
+    yield* read.head;
+    for (;;) {
+      let next: IteratorResult<unknown>;
+      try {
+        next = await read.rest.next();
+      } catch (error) {
+        await take(state)?.fail(error);
+        throw error;
+      }
+      if (next.done) break;
+      yield toBuffer(next.value);
+    }
+    ended = true;
+    await take(state)?.complete(captured);
+  } finally {
+    if (!ended) {
+      read.stop();
+      await take(state)?.complete(captured);
+    }
+  }
+}
+
 function toArray<T>(value: T | T[] | undefined): T[] {
   return value === undefined ? [] : Array.isArray(value) ? value : [value];
 }
@@ -136,57 +249,104 @@ function send(reply: FastifyReply, response: StoredResponse): FastifyReply {
   return reply.send(Buffer.from(response.body.buffer, response.body.byteOffset, response.body.byteLength));
 }
 
-interface Collected {
-  /** The bytes to store, or undefined when they outgrew the limit. */
-  body: Uint8Array | undefined;
-  /** What to send on: the same bytes, or a stream that replays what was read and then the rest. */
-  payload: unknown;
+interface Streamed {
+  kind: 'stream';
+  /** The chunks read so far (more than the limit). */
+  head: Buffer[];
+  /** The rest of the source. */
+  rest: AsyncIterator<unknown>;
+  /** Stops reading the source and destroys it. */
+  stop: () => void;
 }
+
+type Collected =
+  /** The whole body, and what to send on: the same bytes. */
+  | { kind: 'body'; body: Uint8Array; payload: unknown }
+  /** A stream that outgrew the limit. */
+  | Streamed
+  /** A payload this plugin cannot read. */
+  | { kind: 'unknown' };
 
 const EMPTY = Buffer.alloc(0);
 
-/** Reads an onSend payload (string, Buffer, typed array, Node or web stream, nothing) into bytes, up to `limit`. */
-async function collect(payload: unknown, limit: number): Promise<Collected> {
-  if (payload === null || payload === undefined) return { body: EMPTY, payload };
+/**
+ * Reads an onSend payload (string, Buffer, typed array, Node or web stream, web Response, nothing) into bytes;
+ * a stream only up to `limit`.
+ */
+async function collect(reply: FastifyReply, payload: unknown, limit: number): Promise<Collected> {
+  if (isWebResponse(payload)) {
+    // Fastify applies a Response's status and headers only after onSend: apply them now, so they are recorded.
+    if (payload.body !== null && payload.bodyUsed) throw new Error('The Response body has already been read');
+    reply.code(payload.status);
+    for (const [name, value] of payload.headers) reply.header(name, value);
+    payload = payload.body;
+  }
+  if (payload === null || payload === undefined) return { kind: 'body', body: EMPTY, payload };
   if (typeof payload === 'string') {
+    // Send the bytes on: Fastify would otherwise encode the string a second time.
     const body = Buffer.from(payload);
-    return { body: body.byteLength > limit ? undefined : body, payload };
+    return { kind: 'body', body, payload: body };
   }
-  if (payload instanceof Uint8Array) {
-    return { body: payload.byteLength > limit ? undefined : payload, payload };
-  }
-  let source: AsyncIterator<unknown> | undefined;
-  if (payload instanceof Readable || typeof (payload as Readable).pipe === 'function') {
-    source = (payload as Readable)[Symbol.asyncIterator]();
-  } else if (typeof (payload as ReadableStream).getReader === 'function') {
-    source = Readable.fromWeb(payload as import('node:stream/web').ReadableStream)[Symbol.asyncIterator]();
-  }
-  if (source === undefined) return { body: undefined, payload };
+  if (payload instanceof Uint8Array) return { kind: 'body', body: payload, payload };
+  const source = toNodeReadable(payload);
+  if (source === undefined) return { kind: 'unknown' };
+  const rest = source[Symbol.asyncIterator]();
   const chunks: Buffer[] = [];
   let size = 0;
   for (;;) {
-    const { value, done } = await source.next();
+    const { value, done } = await rest.next();
     if (done) {
       const body = Buffer.concat(chunks, size);
-      return { body, payload: body };
+      return { kind: 'body', body, payload: body };
     }
-    const chunk = typeof value === 'string' ? Buffer.from(value) : Buffer.from(value as Uint8Array);
+    const chunk = toBuffer(value);
     chunks.push(chunk);
     size += chunk.byteLength;
-    if (size > limit) {
-      // Too big to keep: send what was read, then the rest of the stream, untouched.
-      const rest = source;
-      const replay = async function* () {
-        yield* chunks;
-        for (;;) {
-          const next = await rest.next();
-          if (next.done) return;
-          yield next.value;
-        }
-      };
-      return { body: undefined, payload: Readable.from(replay(), { objectMode: false }) };
-    }
+    if (size > limit) return { kind: 'stream', head: chunks, rest, stop: () => source.destroy() };
   }
+}
+
+/** A Node Readable to read the payload through, or undefined when it is no stream. */
+function toNodeReadable(payload: unknown): Readable | undefined {
+  if (typeof payload !== 'object' || payload === null) return undefined;
+  if (payload instanceof Readable && typeof payload[Symbol.asyncIterator] === 'function') return payload;
+  const candidate = payload as Partial<NodeJS.ReadableStream & { destroy(error?: Error): void }>;
+  if (typeof candidate.pipe === 'function') {
+    // A stream from another implementation (readable-stream 2, duplexify, pumpify...), which may not be async
+    // iterable: read it through a PassThrough, passing its errors on and destroying it with the PassThrough.
+    const through = new PassThrough();
+    candidate.on?.('error', (error: Error) => through.destroy(error));
+    through.once('close', () => {
+      if (!through.readableEnded) candidate.destroy?.();
+    });
+    candidate.pipe(through);
+    return through;
+  }
+  if (typeof (payload as ReadableStream).getReader === 'function') {
+    return Readable.fromWeb(payload as WebReadableStream);
+  }
+  return undefined;
+}
+
+function isWebResponse(payload: unknown): payload is Response {
+  return (
+    typeof payload === 'object' &&
+    payload !== null &&
+    ((typeof Response === 'function' && payload instanceof Response) ||
+      Object.prototype.toString.call(payload) === '[object Response]')
+  );
+}
+
+function toBuffer(value: unknown): Buffer {
+  if (typeof value === 'string') return Buffer.from(value);
+  if (Buffer.isBuffer(value)) return value;
+  const bytes = value as Uint8Array;
+  return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+}
+
+function describe(payload: unknown): string {
+  if (typeof payload !== 'object' || payload === null) return typeof payload;
+  return (payload as object).constructor?.name ?? 'object';
 }
 
 /**
