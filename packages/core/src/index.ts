@@ -1,3 +1,12 @@
+export {
+  IdempotencyInProgressError,
+  IdempotencyKeyError,
+  IdempotencyMismatchError,
+  IdempotencyReplayError,
+  IdempotencyStoreError,
+  PermanentError,
+  UnstorableResultError,
+} from './consumer-errors';
 export { type Duration, parseDuration } from './duration';
 export {
   type CapturedResponse,
@@ -10,6 +19,20 @@ export {
 export { IdempotencyOptionsError } from './errors';
 export { canonicalJson, defaultFingerprint } from './fingerprint';
 export { ALWAYS_EXCLUDED_HEADERS, type OutgoingHeaderValue } from './headers';
+export {
+  CONSUMER_RETRY_OPTIONS,
+  type ConsumerRetryOptions,
+  type ConsumerRetryPolicy,
+  type ConsumerSettlement,
+  durationOption,
+  type IdempotentOptions,
+  type IdempotentOutcome,
+  idempotent,
+  idempotentOutcome,
+  type ResultSerializer,
+  resolveConsumerRetryPolicy,
+  settlementFor,
+} from './idempotent';
 export { type KeyProblem, parseKey } from './key';
 export { type Logger, silentLogger } from './logger';
 export { MemoryStore, type MemoryStoreOptions } from './memory-store';

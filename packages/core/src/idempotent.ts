@@ -1,0 +1,757 @@
+import {
+  IdempotencyInProgressError,
+  IdempotencyKeyError,
+  IdempotencyMismatchError,
+  IdempotencyReplayError,
+  IdempotencyStoreError,
+  PermanentError,
+  UnstorableResultError,
+} from './consumer-errors';
+import { type Duration, parseDuration } from './duration';
+import { IdempotencyOptionsError } from './errors';
+import { type Logger, silentLogger } from './logger';
+import { MemoryStore } from './memory-store';
+import type { AcquireResult, IdempotencyStore, StoredResponse } from './store';
+
+/** Turns results into bytes for the store and back. The default is JSON (see `idempotent`). */
+export interface ResultSerializer<R> {
+  /** Stored as the record's `content-type`. Default: `'application/octet-stream'`. */
+  contentType?: string;
+  serialize(result: R): Uint8Array;
+  deserialize(bytes: Uint8Array): R;
+}
+
+/**
+ * Options of `idempotent()`. `Args` are the wrapped function's parameters; `key` and `fingerprint` receive them.
+ * The object you pass is never modified.
+ */
+export interface IdempotentOptions<Args extends unknown[], R> {
+  /** Where records live. Default: a new `MemoryStore()` (this process only; use a shared store for several). */
+  store?: IdempotencyStore;
+  /**
+   * The key of a call, computed once from the arguments before the function runs. Use a business id or the
+   * producer's message id, never something that changes on redelivery (a delivery tag, a stream sequence).
+   */
+  key: (...args: Args) => string;
+  /** What must match when a key is reused; a different value raises `IdempotencyMismatchError`. Default: no check. */
+  fingerprint?: ((...args: Args) => string) | false;
+  /** How long a finished result (or permanent failure) is kept and replayed. Default: `'24h'`. */
+  ttl?: Duration;
+  /** Lease of a running call; renewed every third of it while the function runs. Default: `'30s'`. */
+  lockTimeout?: Duration;
+  /** While the key is held: `'reject'` throws `IdempotencyInProgressError`; `{ wait }` waits that long to replay. */
+  inProgress?: 'reject' | { wait: Duration };
+  /** How results are stored. Default: JSON, refusing what JSON would not give back (see docs/consumers.md). */
+  serialize?: ResultSerializer<R>;
+  /** Which errors are final: stored and re-thrown to duplicates instead of releasing the key. Default: `PermanentError`. */
+  isPermanent?: (error: unknown) => boolean;
+  /** Largest serialised result stored, in bytes. Default: 1 MiB. */
+  maxResultBytes?: number;
+  /** Longest key accepted. Default: `255`. */
+  maxKeyLength?: number;
+  /** A pino-compatible logger for lease and store trouble. Default: none. */
+  logger?: Logger;
+}
+
+/** What the outcome-aware form resolves to. */
+export interface IdempotentOutcome<R> {
+  /** `'executed'`: this call ran the function. `'replayed'`: an earlier call did; `result` is its stored result. */
+  outcome: 'executed' | 'replayed';
+  result: R;
+  /** The store key the call used. */
+  key: string;
+}
+
+interface Resolved<Args extends unknown[], R> {
+  store: IdempotencyStore;
+  key: (...args: Args) => string;
+  fingerprint: ((...args: Args) => string) | undefined;
+  ttlMs: number;
+  lockTimeoutMs: number;
+  waitMs: number | undefined;
+  serializer: ResultSerializer<R> | undefined;
+  isPermanent: (error: unknown) => boolean;
+  maxResultBytes: number;
+  maxKeyLength: number;
+  log: Logger;
+}
+
+// How a record written by idempotent() says what it holds: a result, a permanent failure, or "ran, not storable".
+// HTTP-like statuses, so every store keeps them unchanged and an operator reading a record can tell them apart.
+const STATUS_RESULT = 200;
+const STATUS_NOT_STORED = 410;
+const STATUS_FAILURE = 500;
+const JSON_TYPE = 'application/json';
+
+const KNOWN_OPTIONS = new Set([
+  'store',
+  'key',
+  'fingerprint',
+  'ttl',
+  'lockTimeout',
+  'inProgress',
+  'serialize',
+  'isPermanent',
+  'maxResultBytes',
+  'maxKeyLength',
+  'logger',
+]);
+
+const defaultIsPermanent = (error: unknown): boolean => error instanceof PermanentError;
+
+/**
+ * Wraps `fn` so that it runs at most once per key while the key's record lives (`ttl`), across every process that
+ * shares the store. The first call with a key runs `fn` and stores its result; later calls with the key get the
+ * stored result without running `fn`. While the first call runs, others get `IdempotencyInProgressError` (or wait,
+ * with `inProgress: { wait }`). If `fn` throws, the key is released so a retry runs it again, unless the error is
+ * permanent (`PermanentError`, or `isPermanent`), which is stored and re-thrown to duplicates.
+ *
+ * Results are stored as JSON by default, and replayed as `JSON.parse` gives them back. A result JSON cannot carry
+ * (`undefined`, a function, a symbol, a BigInt, a Map or Set, a circular structure) or one larger than
+ * `maxResultBytes` is found only after `fn` ran: the call throws `UnstorableResultError` and the key is recorded as
+ * executed, so `fn` never runs twice.
+ *
+ * Options are checked here, once; mistakes throw `IdempotencyOptionsError`.
+ */
+export function idempotent<Args extends unknown[], R>(
+  fn: (...args: Args) => R | Promise<R>,
+  options: IdempotentOptions<Args, R>,
+): (...args: Args) => Promise<R> {
+  const run = idempotentOutcome(fn, options);
+  return async (...args: Args) => (await run(...args)).result;
+}
+
+/**
+ * The outcome-aware form of `idempotent()`, for wrappers that act differently on a first run and a replay: resolves
+ * to `{ outcome: 'executed' | 'replayed', result, key }`; throws what `idempotent()` throws.
+ */
+export function idempotentOutcome<Args extends unknown[], R>(
+  fn: (...args: Args) => R | Promise<R>,
+  options: IdempotentOptions<Args, R>,
+): (...args: Args) => Promise<IdempotentOutcome<R>> {
+  if (typeof fn !== 'function') {
+    throw new IdempotencyOptionsError('fn', `must be the function to wrap; got ${typeof fn}.`);
+  }
+  const o = resolveIdempotentOptions(options);
+  return (...args: Args) => runOnce(fn, o, args);
+}
+
+/** `idempotent.withOutcome(fn, options)`: the same as `idempotentOutcome(fn, options)`. */
+idempotent.withOutcome = idempotentOutcome;
+
+async function runOnce<Args extends unknown[], R>(
+  fn: (...args: Args) => R | Promise<R>,
+  o: Resolved<Args, R>,
+  args: Args,
+): Promise<IdempotentOutcome<R>> {
+  // Key and fingerprint come from the arguments as they are now, before fn can change them.
+  const key = computeKey(o, args);
+  let fingerprint = '';
+  if (o.fingerprint !== undefined) {
+    try {
+      fingerprint = o.fingerprint(...args);
+    } catch (error) {
+      throw new IdempotencyKeyError('the fingerprint function threw; nothing ran.', { cause: error });
+    }
+    if (typeof fingerprint !== 'string') {
+      throw new IdempotencyKeyError(
+        `the fingerprint function must return a string; got ${typeof fingerprint}. Nothing ran.`,
+      );
+    }
+  }
+  const acquire = async (): Promise<AcquireResult> => {
+    try {
+      return await o.store.acquire(key, { fingerprint, lockTimeoutMs: o.lockTimeoutMs });
+    } catch (error) {
+      throw new IdempotencyStoreError(key, 'acquire', { cause: error });
+    }
+  };
+
+  let result = await acquire();
+  let deadline: number | undefined;
+  let polls = 0;
+  for (;;) {
+    switch (result.status) {
+      case 'acquired':
+        return execute(fn, o, args, key, result.token);
+      case 'completed':
+        if (o.fingerprint !== undefined && result.fingerprint !== fingerprint) {
+          throw new IdempotencyMismatchError(key);
+        }
+        return { outcome: 'replayed', result: replay(o, key, result.response), key };
+      case 'in_progress': {
+        if (o.fingerprint !== undefined && result.fingerprint !== fingerprint) {
+          throw new IdempotencyMismatchError(key);
+        }
+        const now = Date.now();
+        if (o.waitMs !== undefined) deadline ??= now + o.waitMs;
+        if (deadline === undefined || now >= deadline) {
+          throw new IdempotencyInProgressError(key, result.retryAfterMs);
+        }
+        // As the engine's wait mode: a store wake-up is trusted for 5s at a time (the bound on a lost
+        // notification); without one, poll with backoff (25ms doubling to 1.6s) rather than spin.
+        const slice = Math.min(deadline - now, Math.max(result.retryAfterMs, 1));
+        if (o.store.waitFor) await o.store.waitFor(key, Math.min(slice, 5000));
+        else await sleep(Math.min(slice, 25 * 2 ** Math.min(polls, 6)));
+        polls++;
+        result = await acquire();
+        break;
+      }
+      default:
+        // A store bug, not a decision: refuse rather than guess.
+        throw new IdempotencyStoreError(key, 'acquire', {
+          cause: new Error(
+            `store.acquire() resolved to an unknown status ${JSON.stringify((result as { status?: unknown }).status)}`,
+          ),
+        });
+    }
+  }
+}
+
+function computeKey<Args extends unknown[], R>(o: Resolved<Args, R>, args: Args): string {
+  let key: unknown;
+  try {
+    key = o.key(...args);
+  } catch (error) {
+    throw new IdempotencyKeyError('the key function threw; nothing ran.', { cause: error });
+  }
+  if (typeof key !== 'string' || key.length === 0) {
+    throw new IdempotencyKeyError(
+      `the key function must return a non-empty string; got ${key === '' ? 'an empty string' : typeof key}. Nothing ran.`,
+    );
+  }
+  if (key.length > o.maxKeyLength) {
+    throw new IdempotencyKeyError(
+      `the key is ${key.length} characters long, more than maxKeyLength (${o.maxKeyLength}). Nothing ran.`,
+    );
+  }
+  return key;
+}
+
+async function execute<Args extends unknown[], R>(
+  fn: (...args: Args) => R | Promise<R>,
+  o: Resolved<Args, R>,
+  args: Args,
+  key: string,
+  token: string,
+): Promise<IdempotentOutcome<R>> {
+  const lease = new Lease(o, key, token);
+  let value: R;
+  try {
+    value = await fn(...args);
+  } catch (error) {
+    lease.stop();
+    if (isPermanentSafely(o, error)) {
+      await finish(o, key, token, failureRecord(error), 'a permanent failure');
+    } else {
+      try {
+        if (!(await o.store.release(key, token))) fenced(o, key, 'release');
+      } catch (releaseError) {
+        o.log.error(
+          { err: releaseError, key },
+          'oncely: could not release the key after a failure; it frees itself when its lease ends',
+        );
+      }
+    }
+    throw error;
+  }
+  lease.stop();
+  const encoded = encode(o, value);
+  if ('reason' in encoded) {
+    // fn has run: record the key as executed (never release it, or a retry would run fn twice), then refuse.
+    await finish(o, key, token, notStoredRecord(encoded.reason), 'an executed-but-not-stored marker');
+    throw new UnstorableResultError(key, encoded.reason, false, { cause: encoded.cause });
+  }
+  await finish(
+    o,
+    key,
+    token,
+    {
+      status: STATUS_RESULT,
+      headers: {
+        'content-type':
+          o.serializer === undefined ? JSON_TYPE : (o.serializer.contentType ?? 'application/octet-stream'),
+      },
+      body: encoded.bytes,
+    },
+    'the result',
+  );
+  // The caller that ran fn gets fn's own value; duplicates get what the store gives back.
+  return { outcome: 'executed', result: value, key };
+}
+
+/** Stores the final record. Never throws: fn has run, and the caller must learn its outcome either way. */
+async function finish<Args extends unknown[], R>(
+  o: Resolved<Args, R>,
+  key: string,
+  token: string,
+  record: StoredResponse,
+  what: string,
+): Promise<void> {
+  try {
+    if (!(await o.store.complete(key, token, record, o.ttlMs))) fenced(o, key, 'complete');
+  } catch (error) {
+    o.log.error(
+      { err: error, key },
+      `oncely: could not store ${what}; once the lease ends, a retry with this key runs the function again`,
+    );
+  }
+}
+
+function fenced<Args extends unknown[], R>(o: Resolved<Args, R>, key: string, operation: string): void {
+  o.log.warn(
+    { key, operation },
+    'oncely: this call lost its lease (it ran longer than lockTimeout without a renewal, so another call may have taken the key over); the store refused the write',
+  );
+}
+
+function isPermanentSafely<Args extends unknown[], R>(o: Resolved<Args, R>, error: unknown): boolean {
+  try {
+    return o.isPermanent(error) === true;
+  } catch (predicateError) {
+    // A broken predicate must not lose the original error; treating it as transient keeps the key retryable.
+    o.log.error({ err: predicateError }, 'oncely: isPermanent threw; treating the error as transient');
+    return false;
+  }
+}
+
+function replay<Args extends unknown[], R>(o: Resolved<Args, R>, key: string, response: StoredResponse): R {
+  switch (response.status) {
+    case STATUS_RESULT:
+      try {
+        return o.serializer === undefined
+          ? (JSON.parse(textOf(response.body)) as R)
+          : o.serializer.deserialize(response.body);
+      } catch (error) {
+        throw new IdempotencyReplayError(key, 'the stored result could not be deserialised.', {
+          cause: error,
+        });
+      }
+    case STATUS_FAILURE: {
+      const failure = parseRecord(key, response.body);
+      throw new PermanentError(typeof failure.message === 'string' ? failure.message : 'permanent failure', {
+        code: typeof failure.code === 'string' || typeof failure.code === 'number' ? failure.code : undefined,
+        originalName: typeof failure.name === 'string' ? failure.name : 'Error',
+        replayed: true,
+      });
+    }
+    case STATUS_NOT_STORED: {
+      const marker = parseRecord(key, response.body);
+      throw new UnstorableResultError(
+        key,
+        typeof marker.reason === 'string' ? marker.reason : 'unknown reason',
+        true,
+      );
+    }
+    default:
+      throw new IdempotencyReplayError(
+        key,
+        `the record was not written by idempotent() (status ${response.status}); use distinct keys (or stores) for HTTP requests and function calls.`,
+      );
+  }
+}
+
+function parseRecord(key: string, body: Uint8Array): Record<string, unknown> {
+  try {
+    const value: unknown = JSON.parse(textOf(body));
+    if (value !== null && typeof value === 'object') return value as Record<string, unknown>;
+  } catch {
+    // reported below
+  }
+  throw new IdempotencyReplayError(key, 'the stored record is malformed.');
+}
+
+function failureRecord(error: unknown): StoredResponse {
+  const e = (error !== null && typeof error === 'object' ? error : {}) as {
+    name?: unknown;
+    message?: unknown;
+    code?: unknown;
+  };
+  const failure: Record<string, unknown> = {
+    name:
+      error instanceof PermanentError ? error.originalName : typeof e.name === 'string' ? e.name : 'Error',
+    message: typeof e.message === 'string' ? e.message : String(error),
+  };
+  if (typeof e.code === 'string' || typeof e.code === 'number') failure.code = e.code;
+  return jsonRecord(STATUS_FAILURE, failure);
+}
+
+function notStoredRecord(reason: string): StoredResponse {
+  return jsonRecord(STATUS_NOT_STORED, { reason });
+}
+
+function jsonRecord(status: number, value: unknown): StoredResponse {
+  return {
+    status,
+    headers: { 'content-type': JSON_TYPE },
+    body: new TextEncoder().encode(JSON.stringify(value)),
+  };
+}
+
+const decoder = new TextDecoder();
+function textOf(body: Uint8Array): string {
+  return decoder.decode(body);
+}
+
+/** Bytes to store, or why the value cannot be stored (with the serialiser's error when there was one). */
+function encode<Args extends unknown[], R>(
+  o: Resolved<Args, R>,
+  value: R,
+): { bytes: Uint8Array } | { reason: string; cause?: unknown } {
+  let bytes: Uint8Array;
+  if (o.serializer !== undefined) {
+    let out: unknown;
+    try {
+      out = o.serializer.serialize(value);
+    } catch (error) {
+      return { reason: `serialize() threw: ${messageOf(error)}`, cause: error };
+    }
+    if (!(out instanceof Uint8Array))
+      return { reason: `serialize() returned ${typeof out}, not a Uint8Array` };
+    bytes = out;
+  } else {
+    if (value === undefined) return { reason: 'the result is undefined (return null for "no result")' };
+    let json: string | undefined;
+    try {
+      json = JSON.stringify(value, strictJson);
+    } catch (error) {
+      if (error instanceof NotJson) return { reason: error.message };
+      const message = messageOf(error);
+      return /circular/i.test(message)
+        ? { reason: 'the result contains a circular reference', cause: error }
+        : { reason: `JSON.stringify failed: ${message}`, cause: error };
+    }
+    if (json === undefined) return { reason: 'the result has no JSON form' };
+    bytes = new TextEncoder().encode(json);
+  }
+  if (bytes.byteLength > o.maxResultBytes) {
+    return {
+      reason: `the result is ${bytes.byteLength} bytes, more than maxResultBytes (${o.maxResultBytes})`,
+    };
+  }
+  return { bytes };
+}
+
+class NotJson extends Error {}
+
+// JSON.stringify drops functions and symbols silently, writes Maps and Sets as {}, and throws on BigInt without
+// saying where: refuse them all, naming the property, so a replay is never quietly different from the original.
+function strictJson(this: unknown, key: string, value: unknown): unknown {
+  const where = key === '' ? '' : ` at property ${JSON.stringify(key)}`;
+  switch (typeof value) {
+    case 'function':
+      throw new NotJson(`the result contains a function${where}`);
+    case 'symbol':
+      throw new NotJson(`the result contains a symbol${where}`);
+    case 'bigint':
+      throw new NotJson(`the result contains a BigInt${where} (convert it to a string)`);
+  }
+  if (value instanceof Map || value instanceof Set) {
+    throw new NotJson(`the result contains a ${value instanceof Map ? 'Map' : 'Set'}${where}`);
+  }
+  return value;
+}
+
+function messageOf(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/** Renews the lease every third of lockTimeout while fn runs, as the engine's Execution does. */
+class Lease<Args extends unknown[], R> {
+  #timer: NodeJS.Timeout | undefined;
+  #stopped = false;
+
+  constructor(
+    readonly o: Resolved<Args, R>,
+    readonly key: string,
+    readonly token: string,
+  ) {
+    this.#schedule();
+  }
+
+  stop(): void {
+    this.#stopped = true;
+    if (this.#timer !== undefined) clearTimeout(this.#timer);
+  }
+
+  #schedule(): void {
+    this.#timer = setTimeout(
+      () => {
+        this.#timer = undefined;
+        this.o.store.renew(this.key, this.token, this.o.lockTimeoutMs).then(
+          (renewed) => {
+            if (this.#stopped) return;
+            if (renewed) this.#schedule();
+            else fenced(this.o, this.key, 'renew');
+          },
+          (error: unknown) => {
+            this.o.log.warn({ err: error, key: this.key }, 'oncely: lease renewal failed; retrying');
+            if (!this.#stopped) this.#schedule();
+          },
+        );
+      },
+      Math.max(1, Math.floor(this.o.lockTimeoutMs / 3)),
+    );
+    // A pending renewal must not keep a process alive on its own.
+    this.#timer.unref();
+  }
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms).unref());
+}
+
+function resolveIdempotentOptions<Args extends unknown[], R>(
+  options: IdempotentOptions<Args, R>,
+): Resolved<Args, R> {
+  if (options === null || typeof options !== 'object') {
+    throw new IdempotencyOptionsError(
+      'options',
+      'must be an object with at least a key function: { key: (msg) => msg.id }.',
+    );
+  }
+  for (const name of Object.keys(options)) {
+    if (!KNOWN_OPTIONS.has(name)) {
+      throw new IdempotencyOptionsError(
+        name,
+        `is not an option of idempotent(); known options: ${[...KNOWN_OPTIONS].join(', ')}.`,
+      );
+    }
+  }
+  const o = options;
+  if (typeof o.key !== 'function') {
+    throw new IdempotencyOptionsError(
+      'key',
+      'is required: a function of the arguments that returns the key, e.g. { key: (msg) => msg.orderId }.',
+    );
+  }
+  if (o.fingerprint !== undefined && o.fingerprint !== false && typeof o.fingerprint !== 'function') {
+    throw new IdempotencyOptionsError(
+      'fingerprint',
+      `must be a function of the arguments that returns a string, or false; got ${typeof o.fingerprint}.`,
+    );
+  }
+  return {
+    store: o.store === undefined ? new MemoryStore() : checkStore(o.store),
+    key: o.key,
+    fingerprint: typeof o.fingerprint === 'function' ? o.fingerprint : undefined,
+    ttlMs: o.ttl === undefined ? 86_400_000 : durationOption('ttl', o.ttl),
+    lockTimeoutMs: o.lockTimeout === undefined ? 30_000 : durationOption('lockTimeout', o.lockTimeout),
+    waitMs: checkInProgress(o.inProgress),
+    serializer: o.serialize === undefined ? undefined : checkSerializer(o.serialize),
+    isPermanent:
+      o.isPermanent === undefined ? defaultIsPermanent : functionOption('isPermanent', o.isPermanent),
+    maxResultBytes:
+      o.maxResultBytes === undefined ? 1_048_576 : integerOption('maxResultBytes', o.maxResultBytes),
+    maxKeyLength: o.maxKeyLength === undefined ? 255 : integerOption('maxKeyLength', o.maxKeyLength),
+    log: o.logger === undefined ? silentLogger : checkLogger(o.logger),
+  };
+}
+
+function checkStore(store: IdempotencyStore): IdempotencyStore {
+  for (const method of ['acquire', 'complete', 'release', 'renew'] as const) {
+    if (typeof store?.[method] !== 'function') {
+      throw new IdempotencyOptionsError(
+        'store',
+        `must implement the IdempotencyStore interface (missing ${method}()); use new MemoryStore() or a store package such as @oncely/redis.`,
+      );
+    }
+  }
+  return store;
+}
+
+/** A positive duration in ms; `name` is the option to blame. Shared with the broker wrappers' own options. */
+export function durationOption(name: string, value: unknown): number {
+  let ms: number;
+  try {
+    ms = parseDuration(value as Duration);
+  } catch {
+    throw new IdempotencyOptionsError(
+      name,
+      `must be a duration: a number of milliseconds or a string like '30s', '24h'; got ${JSON.stringify(value)}.`,
+    );
+  }
+  if (ms < 1) throw new IdempotencyOptionsError(name, `must be at least 1ms; got ${JSON.stringify(value)}.`);
+  return ms;
+}
+
+function integerOption(name: string, value: unknown): number {
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 1) {
+    throw new IdempotencyOptionsError(name, `must be a positive integer; got ${JSON.stringify(value)}.`);
+  }
+  return value;
+}
+
+function functionOption<F>(name: string, value: F): F {
+  if (typeof value !== 'function') {
+    throw new IdempotencyOptionsError(name, `must be a function; got ${typeof value}.`);
+  }
+  return value;
+}
+
+function checkInProgress(value: unknown): number | undefined {
+  if (value === undefined || value === 'reject') return undefined;
+  if (value !== null && typeof value === 'object' && 'wait' in value) {
+    return durationOption('inProgress.wait', (value as { wait: unknown }).wait);
+  }
+  throw new IdempotencyOptionsError(
+    'inProgress',
+    `must be 'reject' or { wait: duration } such as { wait: '10s' }; got ${JSON.stringify(value)}.`,
+  );
+}
+
+function checkSerializer<R>(value: ResultSerializer<R>): ResultSerializer<R> {
+  if (
+    value === null ||
+    typeof value !== 'object' ||
+    typeof value.serialize !== 'function' ||
+    typeof value.deserialize !== 'function'
+  ) {
+    throw new IdempotencyOptionsError(
+      'serialize',
+      'must be an object { serialize(result): Uint8Array, deserialize(bytes): result }.',
+    );
+  }
+  if (value.contentType !== undefined && typeof value.contentType !== 'string') {
+    throw new IdempotencyOptionsError(
+      'serialize.contentType',
+      "must be a media type string such as 'application/cbor'.",
+    );
+  }
+  // A copy: later changes to the caller's object must not change what this wrapper stores.
+  const { contentType, serialize, deserialize } = value;
+  return {
+    ...(contentType === undefined ? {} : { contentType }),
+    serialize: (result) => serialize.call(value, result),
+    deserialize: (bytes) => deserialize.call(value, bytes),
+  };
+}
+
+function checkLogger(value: Logger): Logger {
+  for (const level of ['debug', 'info', 'warn', 'error'] as const) {
+    if (typeof value?.[level] !== 'function') {
+      throw new IdempotencyOptionsError(
+        'logger',
+        `must be a pino-compatible logger with a ${level}() method.`,
+      );
+    }
+  }
+  return value;
+}
+
+/**
+ * How the broker wrappers retry: the one policy `@oncely/amqp` and `@oncely/nats` share, exported so that other
+ * consumers (Kafka, SQS: see docs/consumers.md) can settle messages the same way.
+ */
+export interface ConsumerRetryOptions {
+  /** Attempts a message gets before it is dead-lettered; the first delivery is attempt 1. Default: `5`. */
+  maxAttempts?: number;
+  /** Delay before a failed message is tried again, or a function of the failures so far. Default: 1s doubling, at most 60s. */
+  retryDelay?: Duration | ((failures: number) => Duration);
+  /** Delay before a message whose key is held by a running call is looked at again. Default: `'1s'`. */
+  inProgressDelay?: Duration;
+  /** Which errors no retry can fix: dead-lettered at once, and stored so duplicates are too. Default: `PermanentError`. */
+  isPermanent?: (error: unknown) => boolean;
+}
+
+/** `ConsumerRetryOptions` after validation. */
+export interface ConsumerRetryPolicy {
+  maxAttempts: number;
+  inProgressDelayMs: number;
+  isPermanent: (error: unknown) => boolean;
+  /** The delay after the `failures`-th failure, in ms (a bad value from a `retryDelay` function falls back to the default). */
+  retryDelayMs(failures: number): number;
+}
+
+/** What to do with a message, in broker-neutral words. */
+export type ConsumerSettlement =
+  /** The work is done (now, or by an earlier delivery): acknowledge. */
+  | { action: 'ack'; reason: 'executed' | 'replayed' | 'unstorable' }
+  /** Nothing ran; look at the message again after `delayMs` without counting a failure. */
+  | { action: 'delay'; reason: 'in-progress' | 'store-error'; delayMs: number }
+  /** The work failed `failures` times so far; try again after `delayMs`. */
+  | { action: 'retry'; reason: 'failed'; delayMs: number; failures: number; error: unknown }
+  /** No retry can help: hand the message to the dead-letter destination. */
+  | {
+      action: 'dead-letter';
+      reason: 'permanent' | 'mismatch' | 'invalid-key' | 'missing-key' | 'retries-exhausted';
+      error?: unknown;
+    };
+
+const CONSUMER_OPTIONS = ['maxAttempts', 'retryDelay', 'inProgressDelay', 'isPermanent'] as const;
+
+const defaultRetryDelayMs = (failures: number): number =>
+  Math.min(1000 * 2 ** Math.max(failures - 1, 0), 60_000);
+
+/** Validates the retry options (throwing `IdempotencyOptionsError`) and applies their defaults. */
+export function resolveConsumerRetryPolicy(
+  options: ConsumerRetryOptions,
+  logger?: Logger,
+): ConsumerRetryPolicy {
+  const log = logger ?? silentLogger;
+  const maxAttempts =
+    options.maxAttempts === undefined ? 5 : integerOption('maxAttempts', options.maxAttempts);
+  const inProgressDelayMs =
+    options.inProgressDelay === undefined ? 1000 : durationOption('inProgressDelay', options.inProgressDelay);
+  const isPermanent =
+    options.isPermanent === undefined
+      ? defaultIsPermanent
+      : functionOption('isPermanent', options.isPermanent);
+  const retryDelay = options.retryDelay;
+  let retryDelayMs: (failures: number) => number;
+  if (retryDelay === undefined) {
+    retryDelayMs = defaultRetryDelayMs;
+  } else if (typeof retryDelay === 'function') {
+    retryDelayMs = (failures) => {
+      try {
+        return durationOption('retryDelay', retryDelay(failures));
+      } catch (error) {
+        log.error(
+          { err: error, failures },
+          'oncely: retryDelay() failed or gave no duration; using the default',
+        );
+        return defaultRetryDelayMs(failures);
+      }
+    };
+  } else {
+    const ms = durationOption('retryDelay', retryDelay);
+    retryDelayMs = () => ms;
+  }
+  return { maxAttempts, inProgressDelayMs, isPermanent, retryDelayMs };
+}
+
+/** The names `resolveConsumerRetryPolicy` reads, for a wrapper's unknown-option check. */
+export const CONSUMER_RETRY_OPTIONS: readonly string[] = CONSUMER_OPTIONS;
+
+/**
+ * Settles a message whose idempotent call threw `error`, after `failuresBefore` earlier failed attempts. A broker
+ * wrapper maps the answer to its own verbs (ack, delayed requeue, nack to the dead-letter exchange, term).
+ */
+export function settlementFor(
+  policy: ConsumerRetryPolicy,
+  error: unknown,
+  failuresBefore: number,
+): ConsumerSettlement {
+  if (error instanceof IdempotencyInProgressError) {
+    return { action: 'delay', reason: 'in-progress', delayMs: policy.inProgressDelayMs };
+  }
+  if (error instanceof IdempotencyStoreError) {
+    return { action: 'delay', reason: 'store-error', delayMs: policy.inProgressDelayMs };
+  }
+  // The work ran once; only its (unused) result was not kept. Acking is right: redelivery would only replay this.
+  if (error instanceof UnstorableResultError) return { action: 'ack', reason: 'unstorable' };
+  if (error instanceof IdempotencyMismatchError) return { action: 'dead-letter', reason: 'mismatch', error };
+  if (error instanceof IdempotencyKeyError) return { action: 'dead-letter', reason: 'invalid-key', error };
+  let permanent = error instanceof PermanentError;
+  if (!permanent) {
+    try {
+      permanent = policy.isPermanent(error) === true;
+    } catch {
+      permanent = false;
+    }
+  }
+  if (permanent) return { action: 'dead-letter', reason: 'permanent', error };
+  const failures = failuresBefore + 1;
+  if (failures >= policy.maxAttempts) return { action: 'dead-letter', reason: 'retries-exhausted', error };
+  return { action: 'retry', reason: 'failed', delayMs: policy.retryDelayMs(failures), failures, error };
+}
