@@ -12,6 +12,4 @@ export {
   type PurgeOptions,
   type Reaper,
   type ReaperOptions,
-  TransactionInProgressError,
-  TransactionMismatchError,
 } from './store';

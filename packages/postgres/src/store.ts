@@ -4,6 +4,8 @@ import {
   type AcquireResult,
   type CompletedResult,
   type Duration,
+  IdempotencyInProgressError,
+  IdempotencyMismatchError,
   type IdempotencyRecord,
   type InProgressResult,
   parseDuration,
@@ -254,8 +256,9 @@ export class PostgresStore implements TransactionalIdempotencyStore {
   /**
    * Runs `work` once per key, inside one transaction that also writes the completion (for message consumers
    * whose side effects are in this database). Duplicates get the stored result; a duplicate of a transaction
-   * still running gets `TransactionInProgressError`; an error thrown by `work` rolls everything back and is
-   * re-thrown (the next delivery runs again). The result must be JSON-serialisable.
+   * still running gets core's `IdempotencyInProgressError` (so `settlementFor` delays it, like `idempotent()`'s);
+   * a key reused with another fingerprint gets `IdempotencyMismatchError`; an error thrown by `work` rolls
+   * everything back and is re-thrown (the next delivery runs again). The result must be JSON-serialisable.
    */
   async transaction<T>(
     key: string,
@@ -265,10 +268,10 @@ export class PostgresStore implements TransactionalIdempotencyStore {
     const fingerprint = options.fingerprint ?? '';
     const ttlMs = parseDuration(options.ttl ?? '24h');
     const acquired = await this.acquireInTransaction(key, { fingerprint, lockTimeoutMs: 30_000 });
-    if (acquired.status === 'in_progress') throw new TransactionInProgressError(key, acquired.retryAfterMs);
+    if (acquired.status === 'in_progress') throw new IdempotencyInProgressError(key, acquired.retryAfterMs);
     if (acquired.status === 'completed') {
       if (options.fingerprint !== undefined && acquired.fingerprint !== fingerprint)
-        throw new TransactionMismatchError(key);
+        throw new IdempotencyMismatchError(key);
       return {
         outcome: 'replayed',
         result: JSON.parse(Buffer.from(acquired.response.body).toString('utf8')) as T,
@@ -381,23 +384,4 @@ export class PostgresStore implements TransactionalIdempotencyStore {
 
 function toBuffer(body: Uint8Array): Buffer {
   return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
-}
-
-/** `store.transaction()`: the key's transaction is still running (retry later). */
-export class TransactionInProgressError extends Error {
-  override readonly name = 'TransactionInProgressError';
-  constructor(
-    readonly key: string,
-    readonly retryAfterMs: number,
-  ) {
-    super(`oncely/postgres: a transaction for key ${JSON.stringify(key)} is still running`);
-  }
-}
-
-/** `store.transaction()`: the key was used with a different fingerprint. */
-export class TransactionMismatchError extends Error {
-  override readonly name = 'TransactionMismatchError';
-  constructor(readonly key: string) {
-    super(`oncely/postgres: key ${JSON.stringify(key)} was already used with a different fingerprint`);
-  }
 }

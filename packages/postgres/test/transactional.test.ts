@@ -1,11 +1,12 @@
 import { join } from 'node:path';
+import { IdempotencyInProgressError } from '@oncely/core';
 import { idempotency } from '@oncely/express';
 import { idempotencyPlugin } from '@oncely/fastify';
 import { startAppProcess } from '@oncely/testing';
 import express from 'express';
 import Fastify from 'fastify';
 import request from 'supertest';
-import { PostgresStore, TransactionInProgressError, transactionClient } from '../src';
+import { PostgresStore, transactionClient } from '../src';
 import { connectionString, testSchema } from './helpers';
 
 jest.setTimeout(60_000);
@@ -283,7 +284,7 @@ describe('store.transaction() for consumers', () => {
           })
           .then(
             (r) => r.outcome,
-            (error: unknown) => (error instanceof TransactionInProgressError ? 'in-progress' : String(error)),
+            (error: unknown) => (error instanceof IdempotencyInProgressError ? 'in-progress' : String(error)),
           ),
       ),
     );
