@@ -1,0 +1,1 @@
+export { type CreateTableResult, DynamoDBStore, type DynamoDBStoreOptions } from './store';

@@ -1,0 +1,152 @@
+import type { AttributeValue } from '@aws-sdk/client-dynamodb';
+import type { IdempotencyRecord, StoredResponse } from '@oncely/core';
+
+/**
+ * The item layout. One item per record, under the partition key (`prefix` + key):
+ *   state          'in_progress' | 'completed'            fingerprint   as given to acquire
+ *   token          fencing token of the current owner      completion    id of the complete call that wrote it
+ *   lockExpiresAt  lease end, epoch ms (in progress only)  expiresAt     lease end or TTL end, epoch ms
+ *   <ttlAttribute> expiresAt in epoch seconds, rounded up: what DynamoDB's TTL deletion reads
+ *   status         HTTP status    headers  JSON (S)        body          raw bytes (B); absent when empty
+ *   bodyChunks, bodyChunkId, bodyBytes: set instead of `body` when the body was too large for one item and was
+ *   split over chunk items (see `chunkKey`).
+ * Times are the application's clock (`Date.now()`): DynamoDB has no server-side clock function.
+ */
+export const ATTR = {
+  state: 'state',
+  fingerprint: 'fingerprint',
+  token: 'token',
+  completion: 'completion',
+  lockExpiresAt: 'lockExpiresAt',
+  expiresAt: 'expiresAt',
+  status: 'status',
+  headers: 'headers',
+  body: 'body',
+  chunks: 'bodyChunks',
+  chunkId: 'bodyChunkId',
+  bodyBytes: 'bodyBytes',
+} as const;
+
+export const RESERVED_ATTRIBUTES: ReadonlySet<string> = new Set(Object.values(ATTR));
+
+export type Item = Record<string, AttributeValue>;
+
+/** DynamoDB's item size limit: attribute names and values, UTF-8, 400 KB. */
+export const MAX_ITEM_BYTES = 400 * 1024;
+/** DynamoDB's partition key limit. */
+export const MAX_KEY_BYTES = 2048;
+/** Body bytes per chunk item: leaves room for the chunk's key and attributes under MAX_ITEM_BYTES. */
+export const CHUNK_BYTES = 384 * 1024;
+/** One BatchWriteItem (25 puts) writes all chunks of a body; above this the body is not kept (replay 410). */
+export const MAX_CHUNKS = 25;
+/**
+ * The fingerprint is not known when `complete` sizes the item (acquire stored it). oncely's own fingerprints are
+ * 43 bytes; this covers custom ones up to 1 KiB, and a larger one makes DynamoDB refuse the write, which `complete`
+ * answers by moving the body out of the item.
+ */
+export const FINGERPRINT_ALLOWANCE = 1024;
+/** Marks a stored response whose body was not kept; the engine replays it as a 410 (core's engine.ts). */
+export const OMITTED_BODY_HEADER = 'x-oncely-body-omitted';
+
+const utf8 = (value: string) => Buffer.byteLength(value, 'utf8');
+// A DynamoDB number takes at most 21 bytes.
+const NUMBER_BYTES = 21;
+
+/** Upper bound of the completed record item's size, with the body inline (or `bodyBytes` 0 when it is not). */
+export function completedItemBytes(
+  names: { partitionKey: string; ttlAttribute: string },
+  pk: string,
+  token: string,
+  completion: string,
+  headersJson: string,
+  bodyBytes: number,
+): number {
+  const strings: [string, number][] = [
+    [names.partitionKey, utf8(pk)],
+    [ATTR.state, utf8('completed')],
+    [ATTR.fingerprint, FINGERPRINT_ALLOWANCE],
+    [ATTR.token, utf8(token)],
+    [ATTR.completion, utf8(completion)],
+    [ATTR.headers, utf8(headersJson)],
+    [ATTR.body, bodyBytes],
+    // Chunk references, when the body is not inline (never both; counted anyway, it is small).
+    [ATTR.chunkId, 36],
+  ];
+  const numbers = [ATTR.expiresAt, names.ttlAttribute, ATTR.status, ATTR.chunks, ATTR.bodyBytes];
+  let size = 0;
+  for (const [name, bytes] of strings) size += utf8(name) + bytes;
+  for (const name of numbers) size += utf8(name) + NUMBER_BYTES;
+  return size;
+}
+
+export const n = (value: number): AttributeValue => ({ N: String(value) });
+export const s = (value: string): AttributeValue => ({ S: value });
+/** DynamoDB's TTL attribute is in epoch seconds; rounding up never deletes a record before its end. */
+export const seconds = (ms: number): AttributeValue => n(Math.ceil(ms / 1000));
+
+function str(item: Item, name: string): string | undefined {
+  const value = item[name];
+  return value !== undefined && 'S' in value ? value.S : undefined;
+}
+
+function num(item: Item, name: string): number | undefined {
+  const value = item[name];
+  return value !== undefined && 'N' in value && value.N !== undefined ? Number(value.N) : undefined;
+}
+
+function bytes(item: Item, name: string): Uint8Array | undefined {
+  const value = item[name];
+  return value !== undefined && 'B' in value ? value.B : undefined;
+}
+
+/** A record as read from its item; the body may still be in chunk items (`chunks`). */
+export interface ParsedRecord extends Omit<IdempotencyRecord, 'response'> {
+  completion: string | undefined;
+  response?: Omit<StoredResponse, 'body'> & { body: Uint8Array | undefined };
+  chunks?: { id: string; count: number; bytes: number };
+}
+
+export function parseItem(item: Item, where: string): ParsedRecord {
+  const state = str(item, ATTR.state);
+  const fingerprint = str(item, ATTR.fingerprint);
+  const token = str(item, ATTR.token);
+  const expiresAt = num(item, ATTR.expiresAt);
+  if (
+    (state !== 'in_progress' && state !== 'completed') ||
+    fingerprint === undefined ||
+    token === undefined ||
+    expiresAt === undefined
+  ) {
+    throw new Error(`oncely/dynamodb: the item under ${where} is not an oncely record`);
+  }
+  const record: ParsedRecord = {
+    state,
+    fingerprint,
+    token,
+    completion: str(item, ATTR.completion),
+    lockExpiresAt: num(item, ATTR.lockExpiresAt) ?? 0,
+    expiresAt,
+  };
+  if (state === 'completed') {
+    record.response = {
+      status: num(item, ATTR.status) ?? 0,
+      headers: JSON.parse(str(item, ATTR.headers) ?? '{}') as StoredResponse['headers'],
+      body: bytes(item, ATTR.body),
+    };
+    const count = num(item, ATTR.chunks);
+    const id = str(item, ATTR.chunkId);
+    if (count !== undefined && count > 0 && id !== undefined) {
+      record.chunks = { id, count, bytes: num(item, ATTR.bodyBytes) ?? 0 };
+    }
+  }
+  return record;
+}
+
+/** Splits a body into chunk-sized views (no copies). */
+export function split(body: Uint8Array, size = CHUNK_BYTES): Uint8Array[] {
+  const chunks: Uint8Array[] = [];
+  for (let offset = 0; offset < body.byteLength; offset += size) {
+    chunks.push(body.subarray(offset, Math.min(offset + size, body.byteLength)));
+  }
+  return chunks;
+}
