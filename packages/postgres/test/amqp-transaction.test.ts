@@ -7,7 +7,7 @@ import { connectionString, testSchema } from './helpers';
 
 // Issue 5's hardest crash: a consumer killed AFTER its side effect committed and BEFORE its ack. With the effect
 // and the record in one PostgreSQL transaction, the redelivery finds the record: exactly one effect.
-jest.setTimeout(60_000);
+jest.setTimeout(120_000);
 
 const amqpUrl = process.env.AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672';
 const queue = `oncely-tx-${randomUUID()}`;
@@ -35,13 +35,13 @@ test('killed between commit and ack: the broker redelivers, the replay is acked,
 
   const doomed = await startAppProcess(script, { ...env, HANG_AFTER_COMMIT: '1' });
   channel.sendToQueue(queue, Buffer.from('{"order":1}'), { messageId: key });
-  await doomed.waitForLine((line) => line === `executed ${key}`);
+  await doomed.waitForLine((line) => line === `executed ${key}`, 45_000);
   await doomed.kill();
 
   const survivor = await startAppProcess(script, env);
   try {
     // RabbitMQ redelivers the unacked message once the dead consumer's connection is gone.
-    await survivor.waitForLine((line) => line === `replayed ${key}`);
+    await survivor.waitForLine((line) => line === `replayed ${key}`, 45_000);
     const effects = await db
       .pool()
       .query(`SELECT count(*)::int AS n FROM "${db.schema}".shipments WHERE key = $1`, [key]);
