@@ -1,4 +1,10 @@
-import { createHash } from 'node:crypto';
+import * as crypto from 'node:crypto';
+
+// One-shot hashing (Node >= 20.12): no Hash object per request. With the string building below it took the
+// fingerprint from ~10% to ~4% of a Fastify + MemoryStore replay profile (docs/benchmarks.md). Older Node 20
+// releases fall back to createHash; both give the same digest.
+const oneShot = (crypto as { hash?: (algorithm: string, data: string, encoding: 'base64url') => string })
+  .hash;
 
 /**
  * The default request fingerprint: SHA-256 over method, path, query (parameters sorted) and body. A parsed body
@@ -6,24 +12,18 @@ import { createHash } from 'node:crypto';
  * a Buffer or string body is hashed as its bytes.
  */
 export function defaultFingerprint(method: string, url: string, body: unknown): string {
-  const hash = createHash('sha256');
   const q = url.indexOf('?');
-  hash.update(method);
-  hash.update('\n');
-  hash.update(q === -1 ? url : url.slice(0, q));
-  hash.update('\n');
-  if (q !== -1 && q < url.length - 1) hash.update(canonicalQuery(url.slice(q + 1)));
-  hash.update('\n');
-  if (body === undefined || body === null) {
-    // no body
-  } else if (typeof body === 'string') {
-    hash.update(body);
-  } else if (body instanceof Uint8Array) {
-    hash.update(body);
-  } else {
-    hash.update(canonicalJson(body));
-  }
-  return hash.digest('base64url');
+  const head = `${method}\n${q === -1 ? url : url.slice(0, q)}\n${q !== -1 && q < url.length - 1 ? canonicalQuery(url.slice(q + 1)) : ''}\n`;
+  if (body instanceof Uint8Array)
+    return crypto.createHash('sha256').update(head).update(body).digest('base64url');
+  const text =
+    body === undefined || body === null ? '' : typeof body === 'string' ? body : canonicalJson(body);
+  return oneShot !== undefined
+    ? oneShot('sha256', head + text, 'base64url')
+    : crypto
+        .createHash('sha256')
+        .update(head + text)
+        .digest('base64url');
 }
 
 function canonicalQuery(query: string): string {
@@ -40,13 +40,18 @@ export function canonicalJson(value: unknown): string {
   }
   const withToJson = value as { toJSON?: () => unknown };
   if (typeof withToJson.toJSON === 'function') return canonicalJson(withToJson.toJSON());
-  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(',')}]`;
+  // Built by appending, without intermediate arrays: this runs on every covered request.
+  if (Array.isArray(value)) {
+    let out = '[';
+    for (let i = 0; i < value.length; i++) out += (i === 0 ? '' : ',') + canonicalJson(value[i]);
+    return `${out}]`;
+  }
   const record = value as Record<string, unknown>;
-  const parts: string[] = [];
+  let out = '{';
   for (const key of Object.keys(record).sort()) {
     const item = record[key];
     if (item === undefined || typeof item === 'function' || typeof item === 'symbol') continue;
-    parts.push(`${JSON.stringify(key)}:${canonicalJson(item)}`);
+    out += (out.length === 1 ? '' : ',') + JSON.stringify(key) + ':' + canonicalJson(item);
   }
-  return `{${parts.join(',')}}`;
+  return `${out}}`;
 }

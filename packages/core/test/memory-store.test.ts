@@ -25,6 +25,23 @@ describe('MemoryStore specifics', () => {
     await store.close();
   });
 
+  test('after thousands of evictions and touches, exactly the most recently used records remain', async () => {
+    const store = new MemoryStore({ maxEntries: 100 });
+    for (let i = 0; i < 3000; i++) {
+      const r = await store.acquire(`n${i}`, lock);
+      if (r.status === 'acquired') await store.complete(`n${i}`, r.token, response, 60_000);
+      // Keep touching n0: a used record is never the one evicted.
+      expect((await store.acquire('n0', lock)).status).toBe('completed');
+    }
+    expect(store.size).toBe(100);
+    expect((await store.get('n0'))?.state).toBe('completed');
+    for (let i = 2902; i < 3000; i++) expect((await store.get(`n${i}`))?.state).toBe('completed');
+    expect(await store.get('n2900')).toBeUndefined();
+    expect(await store.delete('n2999')).toBe(true);
+    expect(store.size).toBe(99);
+    await store.close();
+  });
+
   test('in-progress records are never evicted to make room', async () => {
     const store = new MemoryStore({ maxEntries: 1 });
     for (const k of ['x', 'y', 'z']) expect((await store.acquire(k, lock)).status).toBe('acquired');
