@@ -1,13 +1,14 @@
 // Memory per stored record, 100-byte body, for MemoryStore (V8 heap) and RedisStore (Redis used_memory), each
 // measured over 20,000 completed records with the headers a typical JSON response keeps.
-// Run: pnpm --filter @oncely/benchmarks memory   (starts its own redis-server on a free port)
+// Run: pnpm --filter @oncely/benchmarks memory   (starts its own redis-server on a free port); `pnpm bench` runs it
+// too and reads the JSON line it prints last. MEMORY_RECORDS overrides the number of records.
 import { randomUUID } from 'node:crypto';
 import { type IdempotencyStore, MemoryStore, type StoredResponse } from '@oncely/core';
 import { RedisStore } from '@oncely/redis';
 import { startRedis } from '@oncely/testing';
 import Redis from 'ioredis';
 
-const RECORDS = 20_000;
+const RECORDS = Number(process.env.MEMORY_RECORDS ?? 20_000);
 const response: StoredResponse = {
   status: 201,
   headers: {
@@ -62,4 +63,13 @@ console.log(`records: ${RECORDS}, body: 100 bytes, 3 headers, UUID keys`);
 console.log(`MemoryStore: ${Math.round(memoryBytes)} bytes per record (V8 heap + buffers)`);
 console.log(
   `RedisStore:  ${Math.round(redisBytes)} bytes per record (used_memory delta); MEMORY USAGE of one: ${usage}, encoding ${encoding}`,
+);
+console.log(
+  JSON.stringify({
+    records: RECORDS,
+    memoryStore: Math.round(memoryBytes),
+    redisStore: Math.round(redisBytes),
+    redisMemoryUsage: usage,
+    redisEncoding: encoding,
+  }),
 );

@@ -22,6 +22,10 @@ export interface RedisStoreOptions {
 }
 
 type Client = Redis | Cluster;
+type BufferEval = Record<
+  'evalshaBuffer' | 'evalBuffer',
+  (script: string, keys: number, ...args: (string | number | Buffer)[]) => Promise<unknown>
+>;
 
 /**
  * A store on Redis (standalone or Cluster). Each step is one Lua script call: a replay costs one round trip, a
@@ -185,12 +189,15 @@ export class RedisStore implements IdempotencyStore {
 
   async #run(script: Script, key: string, args: (string | number | Buffer)[]): Promise<unknown> {
     const redisKey = this.#prefix + key;
+    // evalshaBuffer/evalBuffer exist at runtime but not in ioredis' types. callBuffer('evalsha', ...) would be
+    // typed, but with `enableAutoPipelining` ioredis then sends the SHA as the command name (every call fails).
+    const client = this.#client as unknown as BufferEval;
     try {
-      return await this.#client.callBuffer('evalsha', script.sha, 1, redisKey, ...args);
+      return await client.evalshaBuffer(script.sha, 1, redisKey, ...args);
     } catch (error) {
       if (!(error instanceof Error) || !error.message.startsWith('NOSCRIPT')) throw error;
       // First use on this server (or after a restart/failover): EVAL runs it and caches it for EVALSHA.
-      return this.#client.callBuffer('eval', script.lua, 1, redisKey, ...args);
+      return client.evalBuffer(script.lua, 1, redisKey, ...args);
     }
   }
 }

@@ -1,0 +1,38 @@
+// What the runner tells a server or store-benchmark child (as JSON in the BENCH_CONFIG environment variable).
+
+export type Framework = 'express' | 'fastify';
+/** oncely's stores; 'none' is the bare framework. */
+export type StoreName = 'memory' | 'redis' | 'postgres' | 'dynamodb';
+
+export type ServerKind =
+  /** Express or Fastify with no idempotency middleware. */
+  | { impl: 'bare'; framework: Framework }
+  | { impl: 'oncely'; framework: Framework; store: StoreName }
+  /** express-idempotency on Express 5, with its default in-memory adapter or express-idempotency-redis-adapter. */
+  | { impl: 'express-idempotency'; store: 'memory' | 'redis' }
+  /** A NestJS 10 app on @nestjs/platform-express, without (store 'none') or with @node-idempotency/nestjs. */
+  | { impl: 'nest'; store: 'none' | 'memory' | 'redis' };
+
+export interface Services {
+  /** Redis URL for the stores that need it. */
+  redisUrl: string;
+  /** Prefix of every oncely Redis key in this run (peers cannot be given one: their keys carry the run id). */
+  redisPrefix: string;
+  /** PostgreSQL connection string and the schema of this run (migrated by the runner). */
+  pgUrl: string;
+  pgSchema: string;
+  /** DynamoDB (dynalite) endpoint and table of this run, when @oncely/dynamodb is present. */
+  dynamo?: { endpoint: string; table: string; modulePath: string; sdkPath: string } | undefined;
+}
+
+export interface ServerConfig {
+  kind: ServerKind;
+  services: Services;
+}
+
+export function readConfig<T>(): T {
+  const raw = process.env.BENCH_CONFIG;
+  if (raw === undefined)
+    throw new Error('BENCH_CONFIG is not set: this script is started by benchmarks/run.ts');
+  return JSON.parse(raw) as T;
+}

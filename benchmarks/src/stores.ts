@@ -1,0 +1,90 @@
+// oncely's stores, built the way their READMEs say, for the servers and the store micro-benchmarks.
+import { createRequire } from 'node:module';
+import { pathToFileURL } from 'node:url';
+import { type IdempotencyStore, MemoryStore } from '@oncely/core';
+import { PostgresStore } from '@oncely/postgres';
+import { RedisStore } from '@oncely/redis';
+import Redis from 'ioredis';
+import pg from 'pg';
+import type { Services, StoreName } from './config';
+
+export interface OpenStore {
+  store: IdempotencyStore;
+  close(): Promise<void>;
+  /**
+   * Calls `onCall` on every query (PostgreSQL: a wrapped pool.query) or command (DynamoDB: a wrapped
+   * client.send) from now on: round trips, counted. Absent for the stores counted otherwise (Redis: MONITOR).
+   */
+  countCalls?: (onCall: () => void) => void;
+}
+
+export async function openStore(name: StoreName, services: Services): Promise<OpenStore> {
+  switch (name) {
+    case 'memory': {
+      const store = new MemoryStore();
+      return { store, close: () => store.close() };
+    }
+    case 'redis': {
+      const client = new Redis(services.redisUrl);
+      const store = new RedisStore({ client, prefix: services.redisPrefix });
+      return {
+        store,
+        close: async () => {
+          await store.close();
+          await client.quit();
+        },
+      };
+    }
+    case 'postgres': {
+      // The pg default pool size (10): what `new pg.Pool()` gives a user.
+      const pool = new pg.Pool({ connectionString: services.pgUrl });
+      const store = new PostgresStore({ pool, schema: services.pgSchema });
+      const countCalls = (onCall: () => void) => {
+        const query = pool.query.bind(pool);
+        pool.query = ((...args: Parameters<typeof query>) => {
+          onCall();
+          return query(...args);
+        }) as typeof pool.query;
+      };
+      return { store, countCalls, close: () => pool.end() };
+    }
+    case 'dynamodb':
+      return openDynamo(services);
+  }
+}
+
+/**
+ * @oncely/dynamodb is loaded from its built dist by path (it is not a dependency of this package, so that the
+ * benchmarks work with or without it) with the AWS SDK it depends on; the table is created by the runner.
+ */
+async function openDynamo(services: Services): Promise<OpenStore> {
+  const dynamo = services.dynamo;
+  if (dynamo === undefined) throw new Error('DynamoDB is not available in this run');
+  const { DynamoDBStore } = (await import(pathToFileURL(dynamo.modulePath).href)) as {
+    DynamoDBStore: new (options: Record<string, unknown>) => IdempotencyStore;
+  };
+  const sdk = createRequire(dynamo.sdkPath)('@aws-sdk/client-dynamodb') as {
+    DynamoDBClient: new (config: object) => { destroy(): void; send(...args: unknown[]): unknown };
+  };
+  const client = new sdk.DynamoDBClient({
+    endpoint: dynamo.endpoint,
+    region: 'us-east-1',
+    credentials: { accessKeyId: 'bench', secretAccessKey: 'bench' },
+  });
+  const store = new DynamoDBStore({ client, tableName: dynamo.table, prefix: services.redisPrefix });
+  const countCalls = (onCall: () => void) => {
+    const send = client.send.bind(client);
+    client.send = (...args: unknown[]) => {
+      onCall();
+      return send(...args);
+    };
+  };
+  return {
+    store,
+    countCalls,
+    close: async () => {
+      await store.close?.();
+      client.destroy();
+    },
+  };
+}
