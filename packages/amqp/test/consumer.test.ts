@@ -8,6 +8,7 @@ import {
   ORIGINAL_ROUTING_KEY_HEADER,
 } from '@oncely/amqp';
 import { IdempotencyOptionsError, type IdempotencyStore, MemoryStore, PermanentError } from '@oncely/core';
+import { sleep, waitUntil } from '@oncely/testing';
 import {
   type Channel,
   type ChannelModel,
@@ -16,7 +17,6 @@ import {
   connect,
   type GetMessage,
 } from 'amqplib';
-import { sleep, waitUntil } from './helpers';
 
 // Against the RabbitMQ on this machine. Every queue and exchange is named oncely-test.<run>.*, and deleted in
 // afterAll (delay queues included); nothing else on the broker is touched.

@@ -1,9 +1,9 @@
 import { randomUUID } from 'node:crypto';
 import { join } from 'node:path';
 import { delayQueueName } from '@oncely/amqp';
+import { type ConsumerProcess, startConsumerProcess, waitUntil } from '@oncely/testing';
 import { type ChannelModel, type ConfirmChannel, connect } from 'amqplib';
 import Redis from 'ioredis';
-import { type ConsumerProcess, startConsumerProcess, waitUntil } from './helpers';
 
 // Competing consumers in separate processes, sharing a RedisStore, against the RabbitMQ on this machine. The
 // consumers record attempts, side effects and settlements in Redis under a random prefix (deleted in afterAll);

@@ -10,7 +10,7 @@ import {
 import { connect, headers, type NatsConnection, nanos } from '@nats-io/transport-node';
 import { IdempotencyOptionsError, type IdempotencyStore, MemoryStore, PermanentError } from '@oncely/core';
 import { idempotentConsumer, type NatsConsumerOptions, type NatsSettledEvent } from '@oncely/nats';
-import { sleep, waitUntil } from './helpers';
+import { sleep, waitUntil } from '@oncely/testing';
 
 // Against the NATS server (JetStream) on this machine. One stream of this file's own, ONCELY_TEST_<run>, deleted
 // (with its consumers) in afterAll; nothing else on the server is touched.

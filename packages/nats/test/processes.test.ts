@@ -8,8 +8,8 @@ import {
   jetstreamManager,
 } from '@nats-io/jetstream';
 import { connect, headers, type NatsConnection, nanos } from '@nats-io/transport-node';
+import { type ConsumerProcess, sleep, startConsumerProcess, waitUntil } from '@oncely/testing';
 import Redis from 'ioredis';
-import { type ConsumerProcess, sleep, startConsumerProcess, waitUntil } from './helpers';
 
 // Competing consumers in separate processes, sharing a RedisStore, against the NATS server on this machine. The
 // consumers record attempts, side effects and settlements in Redis under a random prefix (deleted in afterAll);

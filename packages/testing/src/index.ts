@@ -1,3 +1,4 @@
+export { type ConsumerProcess, sleep, startConsumerProcess, waitUntil } from './consumers';
 export {
   type AdapterHarness,
   brokenStore,

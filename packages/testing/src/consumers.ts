@@ -13,7 +13,7 @@ export async function waitUntil(check: () => boolean | Promise<boolean>, what: s
   throw new Error(`timed out after ${timeoutMs}ms waiting for ${what}`);
 }
 
-/** A consumer in a process of its own, run from TypeScript sources (as packages/testing's startAppProcess does). */
+/** A consumer in a process of its own, run from TypeScript sources (as startAppProcess runs an app). */
 export interface ConsumerProcess {
   pid: number;
   child: ChildProcess;
