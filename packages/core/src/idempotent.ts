@@ -7,10 +7,11 @@ import {
   PermanentError,
   UnstorableResultError,
 } from './consumer-errors';
-import { type Duration, parseDuration } from './duration';
+import type { Duration } from './duration';
 import { IdempotencyOptionsError } from './errors';
 import { type Logger, silentLogger } from './logger';
 import { MemoryStore } from './memory-store';
+import { checkLogger, checkStore, positiveDuration } from './options';
 import type { AcquireResult, IdempotencyStore, StoredResponse } from './store';
 
 /** Turns results into bytes for the store and back. The default is JSON (see `idempotent`). */
@@ -548,31 +549,9 @@ function resolveIdempotentOptions<Args extends unknown[], R>(
   };
 }
 
-function checkStore(store: IdempotencyStore): IdempotencyStore {
-  for (const method of ['acquire', 'complete', 'release', 'renew'] as const) {
-    if (typeof store?.[method] !== 'function') {
-      throw new IdempotencyOptionsError(
-        'store',
-        `must implement the IdempotencyStore interface (missing ${method}()); use new MemoryStore() or a store package such as @oncely/redis.`,
-      );
-    }
-  }
-  return store;
-}
-
-/** A positive duration in ms; `name` is the option to blame. Shared with the broker wrappers' own options. */
+/** A positive duration in whole ms; `name` is the option to blame. Shared with the broker wrappers' own options. */
 export function durationOption(name: string, value: unknown): number {
-  let ms: number;
-  try {
-    ms = parseDuration(value as Duration);
-  } catch {
-    throw new IdempotencyOptionsError(
-      name,
-      `must be a duration: a number of milliseconds or a string like '30s', '24h'; got ${JSON.stringify(value)}.`,
-    );
-  }
-  if (ms < 1) throw new IdempotencyOptionsError(name, `must be at least 1ms; got ${JSON.stringify(value)}.`);
-  return ms;
+  return positiveDuration(name, value);
 }
 
 function integerOption(name: string, value: unknown): number {
@@ -625,18 +604,6 @@ function checkSerializer<R>(value: ResultSerializer<R>): ResultSerializer<R> {
     serialize: (result) => serialize.call(value, result),
     deserialize: (bytes) => deserialize.call(value, bytes),
   };
-}
-
-function checkLogger(value: Logger): Logger {
-  for (const level of ['debug', 'info', 'warn', 'error'] as const) {
-    if (typeof value?.[level] !== 'function') {
-      throw new IdempotencyOptionsError(
-        'logger',
-        `must be a pino-compatible logger with a ${level}() method.`,
-      );
-    }
-  }
-  return value;
 }
 
 /**

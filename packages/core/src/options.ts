@@ -233,7 +233,8 @@ export function resolveOptions<Req>(
   return resolved;
 }
 
-function checkStore(store: IdempotencyStore): IdempotencyStore {
+/** @internal shared with idempotent() */
+export function checkStore(store: IdempotencyStore): IdempotencyStore {
   for (const method of ['acquire', 'complete', 'release', 'renew'] as const) {
     if (typeof store?.[method] !== 'function') {
       throw new IdempotencyOptionsError(
@@ -245,7 +246,8 @@ function checkStore(store: IdempotencyStore): IdempotencyStore {
   return store;
 }
 
-function positiveDuration(name: string, value: unknown): number {
+/** @internal shared with idempotent() and the broker wrappers (as `durationOption`) */
+export function positiveDuration(name: string, value: unknown): number {
   let ms: number;
   try {
     ms = parseDuration(value as string);
@@ -344,7 +346,8 @@ function checkOnStoreError(value: unknown): boolean {
   );
 }
 
-function checkLogger(value: Logger): Logger {
+/** @internal shared with idempotent() */
+export function checkLogger(value: Logger): Logger {
   for (const level of ['debug', 'info', 'warn', 'error'] as const) {
     if (typeof value?.[level] !== 'function') {
       throw new IdempotencyOptionsError(
