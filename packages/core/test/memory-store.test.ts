@@ -62,6 +62,45 @@ describe('MemoryStore specifics', () => {
     await store.close();
   });
 
+  test('the sweep frees only what expired: mixed ttls, renewed leases, keys reused after eviction', async () => {
+    const store = new MemoryStore({ sweepInterval: 10, maxEntries: 4 });
+    const completeWith = async (key: string, ttl: number) => {
+      const r = await store.acquire(key, lock);
+      if (r.status !== 'acquired') throw new Error(`${key}: ${r.status}`);
+      expect(await store.complete(key, r.token, response, ttl)).toBe(true);
+    };
+    // 'reused' expires soon, is evicted by four others, then comes back with a long ttl: the stale heap item
+    // of its first life must not free the second.
+    await completeWith('reused', 40);
+    for (const k of ['e1', 'e2', 'e3', 'e4']) await completeWith(k, 60_000);
+    expect(await store.get('reused')).toBeUndefined();
+    await completeWith('reused', 60_000);
+    // ttls out of order: the heap, not arrival order, decides.
+    const many = new MemoryStore({ sweepInterval: 10 });
+    const ttls = [60_000, 30, 60_000, 20, 60_000, 40];
+    for (const [i, ttl] of ttls.entries()) {
+      const r = await many.acquire(`t${i}`, lock);
+      if (r.status === 'acquired') await many.complete(`t${i}`, r.token, response, ttl);
+    }
+    // A lease kept alive by renewals outlives its first lockTimeout; an abandoned one is freed.
+    const kept = await many.acquire('kept', { fingerprint: 'f', lockTimeoutMs: 60 });
+    await many.acquire('abandoned', { fingerprint: 'f', lockTimeoutMs: 60 });
+    if (kept.status !== 'acquired') throw new Error('kept');
+    for (let i = 0; i < 6; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 25));
+      expect(await many.renew('kept', kept.token, 60)).toBe(true);
+    }
+    expect(many.size).toBe(4); // t0, t2, t4 and the renewed lease
+    for (const i of [0, 2, 4]) expect((await many.get(`t${i}`))?.state).toBe('completed');
+    expect((await many.get('kept'))?.state).toBe('in_progress');
+    expect(await many.get('abandoned')).toBeUndefined();
+    await new Promise((resolve) => setTimeout(resolve, 60));
+    expect((await store.get('reused'))?.state).toBe('completed');
+    expect(store.size).toBe(4);
+    await store.close();
+    await many.close();
+  });
+
   test('options are validated with the option name in the error', () => {
     expect(() => new MemoryStore({ maxEntries: 0 })).toThrow(/maxEntries/);
     expect(() => new MemoryStore({ sweepInterval: 'soon' })).toThrow(/sweepInterval/);

@@ -72,6 +72,48 @@ describe('fingerprint', () => {
     expect(canonicalJson([undefined])).toBe('[null]');
   });
 
+  test('an already sorted body (native stringify) and any shuffle of it (built) give the same text', () => {
+    // Deterministic pseudo-random values: nested objects and arrays, integer-like keys, undefined, unicode.
+    let seed = 42;
+    const random = () => {
+      seed = (seed * 1_103_515_245 + 12_345) % 2 ** 31;
+      return seed / 2 ** 31;
+    };
+    const keys = ['a', 'b', 'B', '10', '2', 'é', 'z z', '_', 'aa', 'a\u{1F600}'];
+    const make = (depth: number): unknown => {
+      const pick = random();
+      if (depth > 3 || pick < 0.3) {
+        const leaves = [1, -0.5, 'x', '"q"', true, null, undefined, 1e21];
+        return leaves[Math.floor(random() * leaves.length)];
+      }
+      if (pick < 0.5) return Array.from({ length: Math.floor(random() * 4) }, () => make(depth + 1));
+      const object: Record<string, unknown> = {};
+      for (const key of keys) if (random() < 0.4) object[key] = make(depth + 1);
+      return object;
+    };
+    const rebuild = (value: unknown, order: (names: string[]) => string[]): unknown => {
+      if (Array.isArray(value)) return value.map((item) => rebuild(item, order));
+      if (value === null || typeof value !== 'object') return value;
+      const out: Record<string, unknown> = {};
+      for (const key of order(Object.keys(value)))
+        out[key] = rebuild((value as Record<string, unknown>)[key], order);
+      return out;
+    };
+    const shuffle = (names: string[]) => [...names].sort(() => random() - 0.5);
+    for (let i = 0; i < 500; i++) {
+      const value = make(0);
+      const shuffled = canonicalJson(rebuild(value, shuffle));
+      expect(canonicalJson(rebuild(value, (names) => [...names].sort()))).toBe(shuffled);
+      expect(canonicalJson(value)).toBe(shuffled);
+    }
+    // Not plain data: built, never handed to JSON.stringify as is.
+    expect(canonicalJson({ a: new Number(1) })).toBe('{"a":{}}');
+    expect(canonicalJson({ a: new Map([['k', 1]]) })).toBe('{"a":{}}');
+    expect(canonicalJson(Object.assign(Object.create({ inherited: 1 }), { b: 1, a: 2 }))).toBe(
+      '{"a":2,"b":1}',
+    );
+  });
+
   test('key order and query parameter order do not change it', () => {
     expect(defaultFingerprint('POST', '/a?x=1&y=2', { a: 1, b: 2 })).toBe(
       defaultFingerprint('POST', '/a?y=2&x=1', { b: 2, a: 1 }),

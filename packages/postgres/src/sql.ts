@@ -48,16 +48,29 @@ export function statements(schema: string, table: string) {
       )`,
     ],
     /**
-     * One statement: take the key if it is free or its record is dead (lease over, or TTL over), else read the
-     * live record. The INSERT's conflict check and its DO UPDATE ... WHERE see the latest committed row, so two
-     * racing acquirers can never both win. The second branch reads the statement's snapshot, which may not yet
-     * show a row that a concurrent acquirer committed a moment ago: then it returns nothing, and the caller
-     * simply runs the statement again with a fresh snapshot.
+     * One statement, read first. `live` reads the key's live record (a completed record within its TTL, or an
+     * in-progress one within its lease) from the statement's snapshot. If there is one, the INSERT gets no row to
+     * insert, so it touches, locks and writes nothing: the answer is that record, true at the snapshot, and the
+     * whole statement is a plain read (no transaction id, no WAL, no commit flush, no wait on the row's lock).
+     * Only when `live` is empty does the INSERT run: it takes the key if it is free or its record is dead (TTL or
+     * lease over). Its conflict check and its DO UPDATE ... WHERE see the latest committed row, not the snapshot,
+     * so two racing acquirers can never both win; it alone decides 'acquired'. If `live` saw nothing but the
+     * INSERT meets a live row (committed after the snapshot), the statement returns nothing, and the caller simply
+     * runs it again with a fresh snapshot, whose `live` then sees that row.
+     * `live` and the takeover test are exact complements (expires_at > / <= clock_timestamp()); an in-progress
+     * record's expires_at is its lease end.
      * $1 key, $2 fingerprint, $3 token, $4 lockTimeoutMs.
      */
-    acquire: `WITH taken AS (
+    acquire: `WITH live AS MATERIALIZED (
+        SELECT CASE r.state WHEN 'completed' THEN 'c' ELSE 'p' END AS s, r.fingerprint,
+               greatest(1, ${ms('r.lock_expires_at')} - ${ms('clock_timestamp()')}) AS retry_ms,
+               r.status, r.headers, r.body
+        FROM ${t} r
+        WHERE r.key = $1 AND r.expires_at > clock_timestamp()
+      ), taken AS (
         INSERT INTO ${t} AS r (key, fingerprint, state, token, lock_expires_at, expires_at, created_at)
-        VALUES ($1, $2, 'in_progress', $3, ${lease}, ${lease}, clock_timestamp())
+        SELECT $1, $2, 'in_progress', $3, ${lease}, ${lease}, clock_timestamp()
+        WHERE NOT EXISTS (SELECT 1 FROM live)
         ON CONFLICT (key) DO UPDATE SET
           fingerprint = excluded.fingerprint, state = 'in_progress', token = excluded.token,
           lock_expires_at = excluded.lock_expires_at, expires_at = excluded.expires_at,
@@ -69,10 +82,7 @@ export function statements(schema: string, table: string) {
              NULL::jsonb AS headers, NULL::bytea AS body
       FROM taken
       UNION ALL
-      SELECT CASE r.state WHEN 'completed' THEN 'c' ELSE 'p' END, r.fingerprint,
-             greatest(1, ${ms('r.lock_expires_at')} - ${ms('clock_timestamp()')}), r.status, r.headers, r.body
-      FROM ${t} r
-      WHERE r.key = $1 AND r.expires_at > clock_timestamp() AND NOT EXISTS (SELECT 1 FROM taken)`,
+      SELECT s, fingerprint, retry_ms, status, headers, body FROM live`,
     /** $1 key, $2 token, $3 status, $4 headers, $5 body, $6 ttlMs. Fenced by token and live lease. */
     complete: complete(t, outbox, { lease: true, outbox: false }),
     /** The same, also queuing the key for the outbox relay, in the same statement. */

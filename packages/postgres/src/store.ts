@@ -73,7 +73,8 @@ interface AcquireRow {
 
 /**
  * A store in PostgreSQL: records live in one table, keyed by the idempotency key. Each step is one statement
- * (acquire is an INSERT ... ON CONFLICT ... DO UPDATE ... WHERE the record is dead, with no check-then-act), and
+ * (acquire reads the live record first, so a replay is a plain read; only when there is none does it run an
+ * INSERT ... ON CONFLICT ... DO UPDATE ... WHERE the record is dead, which alone decides who owns the key), and
  * every time comes from the database's clock. With `transactional: true` on the adapter (or
  * `store.transaction()` for consumers), the record is written in the same transaction as the handler's own writes.
  */
@@ -357,7 +358,8 @@ export class PostgresStore implements TransactionalIdempotencyStore {
     { fingerprint, lockTimeoutMs }: AcquireOptions,
   ): Promise<AcquireResult> {
     const token = randomUUID();
-    // An empty answer means the row appeared after this statement's snapshot: run it again with a fresh one.
+    // An empty answer means the row appeared after this statement's snapshot (its read saw no live record, its
+    // INSERT met one): run it again with a fresh snapshot, whose read sees that row.
     for (let attempt = 0; attempt < 10; attempt++) {
       const { rows } = await db.query<AcquireRow & QueryResultRow>(this.#sql.acquire, [
         key,
