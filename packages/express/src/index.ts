@@ -1,3 +1,4 @@
+import { IncomingMessage, ServerResponse } from 'node:http';
 import {
   type CapturedResponse,
   type Execution,
@@ -23,14 +24,32 @@ declare global {
 export type ExpressIdempotencyOptions = IdempotencyOptions<Request>;
 
 // Symbol.for, so that two copies of this package in one app still see each other's state.
-const kState = Symbol.for('oncely.express.state');
+const kStates = Symbol.for('oncely.express.states');
 const kLayerPatched = Symbol.for('oncely.express.layerPatched');
 
 interface RequestState {
   execution: Execution;
+  /** An error a later handler passed on (seen through the patched Layer): the key is released. */
   error: unknown;
+  /** The response's capture while it holds the body back; `undefined` once the response went its own way. */
+  capture: Capture | undefined;
+  /** `req.idempotency`, made on first read. */
+  context: IdempotencyContext | undefined;
 }
-type StatefulRequest = Request & { [kState]?: RequestState };
+
+/**
+ * Covered requests, keyed by request, shared across copies of this package. oncely adds nothing to a covered
+ * request or response object: Express replaces the prototype of each (`Object.setPrototypeOf`), after which V8
+ * caches no transitions for them, so every property added, or prototype replaced, costs ~1-1.5 µs and leaves a
+ * garbage hidden class behind. The six properties oncely used to add (three on `req`; `write`, `end`, `writeHead`
+ * on `res`) were ~9 µs of a ~42 µs first-execution overhead (benchmarks/notes.md). Instead, `req.idempotencyKey`,
+ * `req.idempotency` and the capture of `res.write`/`res.end`/`res.writeHead` live once on Express's own request
+ * and response prototypes (`express.request`/`express.response`, the documented place to extend them), and look
+ * their request up here.
+ */
+const globalStates = globalThis as typeof globalThis & { [kStates]?: WeakMap<Request, RequestState> };
+globalStates[kStates] ??= new WeakMap<Request, RequestState>();
+const states = globalStates[kStates];
 
 /**
  * Express middleware (Express 4 and 5): `app.use(idempotency())` covers every POST/PUT/PATCH; on one route,
@@ -43,7 +62,7 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
   let warnedNoBody = false;
 
   return function idempotencyMiddleware(req: Request, res: Response, next: NextFunction): void {
-    if ((req as StatefulRequest)[kState] !== undefined || !engine.covers(req.method)) {
+    if (states.has(req) || !engine.covers(req.method)) {
       next();
       return;
     }
@@ -78,17 +97,23 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
         if (decision.action === 'pass') return next();
         if (decision.action === 'respond') return send(res, decision.response);
         const { execution } = decision;
-        const state: RequestState = { execution, error: undefined };
-        req.idempotencyKey = execution.clientKey;
-        req.idempotency = { key: execution.clientKey, db: execution.db };
-        (req as StatefulRequest)[kState] = state;
+        const state: RequestState = { execution, error: undefined, context: undefined, capture: undefined };
+        states.set(req, state);
+        if (!extendRequestBase(req)) {
+          // Not Express's request (no express.request in its chain): plain properties, then.
+          req.idempotencyKey = execution.clientKey;
+          req.idempotency = { key: execution.clientKey, db: execution.db };
+        }
         patchLayer(req);
-        capture(req as StatefulRequest, res, execution);
-        // A response that closes without passing through our end (Express destroys the socket when a handler
-        // fails after streaming began) would otherwise keep its lease renewed: release it if an error was noted.
-        // Without an error the handler may still be running (the client merely left), so the lease stays.
-        res.once('close', () => {
+        state.capture = new Capture(res, state);
+        // A response that closes without passing through our end: Express destroys the socket when a handler fails
+        // after streaming began (release the noted error), or something sent it around oncely (a method replaced
+        // after oncely ran): recorded as executed without a body. Without either, the handler may still be
+        // running (the client merely left): the lease stays.
+        res.on('close', () => {
           if (state.error !== undefined) void execution.fail(state.error);
+          else if (res.writableFinished && state.capture?.ended === false)
+            void execution.complete({ status: res.statusCode, headers: res.getHeaders(), body: undefined });
         });
         next();
       })
@@ -105,10 +130,10 @@ function send(res: Response, response: StoredResponse): void {
 }
 
 type WriteCallback = (error?: Error | null) => void;
-// The two overloads of write/end this file calls; `.call` on the overloaded originals picks the wrong one.
-type WriteFn = (this: Response, chunk: Buffer) => boolean;
-type EndFn = (this: Response, cb: () => void) => Response;
 type Chunk = string | Uint8Array;
+type Method = 'write' | 'end' | 'writeHead';
+type AnyMethod = (this: Response, ...args: unknown[]) => unknown;
+const METHODS: readonly Method[] = ['write', 'end', 'writeHead'];
 
 function toBuffer(chunk: Chunk, encoding: unknown): Buffer {
   if (typeof chunk === 'string')
@@ -116,75 +141,196 @@ function toBuffer(chunk: Chunk, encoding: unknown): Buffer {
   return Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
 }
 
+const kExtended = Symbol.for('oncely.express.extended');
+type Extensible = Record<PropertyKey, unknown>;
+
+/**
+ * The object in `value`'s prototype chain that sits right on `node` (Node's `IncomingMessage.prototype` or
+ * `ServerResponse.prototype`): Express's `request`/`response`, the base of every app's and sub-app's prototypes.
+ * Looked up once per prototype met.
+ */
+const bases = new WeakMap<object, Extensible | null>();
+function baseOf(value: object, node: object): Extensible | undefined {
+  const proto = Object.getPrototypeOf(value) as object | null;
+  if (proto === null) return undefined;
+  let base = bases.get(proto);
+  if (base === undefined) {
+    base = null;
+    for (
+      let p: object | null = proto;
+      p !== null && p !== node;
+      p = Object.getPrototypeOf(p) as object | null
+    )
+      if (Object.getPrototypeOf(p) === node) base = p as Extensible;
+    bases.set(proto, base);
+  }
+  return base ?? undefined;
+}
+
+/** Gives Express's request `idempotencyKey` and `idempotency` accessors, once; false when `req` is no Express request. */
+function extendRequestBase(req: Request): boolean {
+  const base = baseOf(req, IncomingMessage.prototype);
+  if (base === undefined) return false;
+  if (base[kExtended] === true) return true;
+  Object.defineProperties(base, {
+    [kExtended]: { value: true },
+    idempotencyKey: accessor((state) => state.execution.clientKey, 'idempotencyKey'),
+    idempotency: accessor(
+      (state) => (state.context ??= { key: state.execution.clientKey, db: state.execution.db }),
+      'idempotency',
+    ),
+  });
+  return true;
+}
+
+function accessor(read: (state: RequestState) => unknown, name: string): PropertyDescriptor {
+  return {
+    configurable: true,
+    get(this: Request) {
+      const state = states.get(this);
+      return state === undefined ? undefined : read(state);
+    },
+    // A handler may still assign it; its value then shadows ours on that request.
+    set(this: Request, value: unknown) {
+      Object.defineProperty(this, name, { value, writable: true, enumerable: true, configurable: true });
+    },
+  };
+}
+
+/**
+ * Routes `write`/`end`/`writeHead` of Express's responses through the capture of covered ones, once; returns the
+ * methods that Node's response has (what writes go on to), or `undefined` when `res` is no Express response.
+ */
+function extendResponseBase(res: Response): Record<Method, AnyMethod> | undefined {
+  const base = baseOf(res, ServerResponse.prototype);
+  if (base === undefined) return undefined;
+  const node = Object.getPrototypeOf(base) as Record<Method, AnyMethod>;
+  if (base[kExtended] === true) return node;
+  const methods: PropertyDescriptorMap = { [kExtended]: { value: true } };
+  for (const method of METHODS) {
+    methods[method] = {
+      configurable: true,
+      writable: true,
+      value: function captured(this: Response, ...args: unknown[]): unknown {
+        const capture = states.get(this.req)?.capture;
+        if (capture === undefined || !capture.intercepts(method)) return node[method].apply(this, args);
+        return capture[method](this, args);
+      },
+    };
+  }
+  Object.defineProperties(base, methods);
+  return node;
+}
+
 /**
  * Holds back what the handler writes — through res.json, res.send, res.write/res.end, writeHead or a pipe — until
  * the response has been stored, so that a client that got the response always finds it replayable. A body that
  * outgrows maxBodyBytes stops being held: it streams through, and the record keeps only its status (in
  * transactional mode all of it is held, since nothing may be sent before the commit).
+ *
+ * Writes reach it through Express's response prototype (`extendResponseBase`), except a method another middleware
+ * had already wrapped as the response's own property (compression, on-headers): that one is wrapped in turn, so
+ * what the handler writes is captured before that middleware transforms it, as it was mounted to do.
  */
-function capture(req: StatefulRequest, res: Response, execution: Execution): void {
-  const write = res.write;
-  const end = res.end;
-  const writeHead = res.writeHead;
-  const chunks: Buffer[] = [];
-  const callbacks: WriteCallback[] = [];
-  let size = 0;
-  let passThrough = false;
-  let ended = false;
+class Capture {
+  ended = false;
+  readonly #res: Response;
+  readonly #state: RequestState;
+  /** The methods writes go on to when they are not held (what `res.write` etc. were before this capture). */
+  readonly #original: Record<Method, AnyMethod>;
+  /** Methods wrapped as own properties, to put back when the capture ends. */
+  readonly #ownWrapped: Method[] = [];
+  readonly #chunks: Buffer[] = [];
+  readonly #callbacks: WriteCallback[] = [];
+  #size = 0;
+  #passThrough = false;
+  #active = true;
 
-  const restore = (): void => {
-    res.write = write;
-    res.end = end;
-    res.writeHead = writeHead;
-  };
+  constructor(res: Response, state: RequestState) {
+    this.#res = res;
+    this.#state = state;
+    const r = res as unknown as Record<Method, AnyMethod>;
+    const node = extendResponseBase(res);
+    this.#original = { write: r.write, end: r.end, writeHead: r.writeHead };
+    for (const method of METHODS) {
+      // Express's response routes this method to us already, unless another middleware wrapped it on `res`.
+      if (node !== undefined && !Object.hasOwn(res, method)) {
+        this.#original[method] = node[method];
+        continue;
+      }
+      this.#ownWrapped.push(method);
+      const capture = this;
+      r[method] = function capturedOwn(this: Response, ...args: unknown[]): unknown {
+        return capture.intercepts(method)
+          ? capture[method](this, args)
+          : capture.#original[method].apply(this, args);
+      };
+    }
+  }
+
+  /** Whether a call to this method is held here (rather than passed on to the original). */
+  intercepts(method: Method): boolean {
+    return this.#active && !(this.#passThrough && method !== 'end');
+  }
+
+  /** Ends the capture: every method goes straight to the original again. */
+  #stop(): void {
+    this.#active = false;
+    const r = this.#res as unknown as Record<Method, AnyMethod>;
+    for (const method of this.#ownWrapped) r[method] = this.#original[method];
+  }
+
+  #call(method: Method, ...args: unknown[]): unknown {
+    return this.#original[method].apply(this.#res, args);
+  }
 
   // Resolves to a response to send instead of the handler's (a failed transactional commit), if any.
-  const settle = async (captured: CapturedResponse): Promise<StoredResponse | undefined> => {
-    const state = req[kState];
-    if (state?.error === undefined) return execution.complete(captured);
-    await execution.fail(state.error);
+  async #settle(captured: CapturedResponse): Promise<StoredResponse | undefined> {
+    const { execution, error } = this.#state;
+    if (error === undefined) return execution.complete(captured);
+    await execution.fail(error);
     return undefined;
-  };
+  }
 
-  // Too big to keep: send what we hold and let the rest through untouched; `end` stays wrapped to settle.
-  const startPassThrough = (): void => {
-    passThrough = true;
-    res.write = write;
-    res.writeHead = writeHead;
-    for (const chunk of chunks) (write as WriteFn).call(res, chunk);
-    chunks.length = 0;
-  };
+  // Too big to keep: send what we hold and let the rest through untouched; `end` stays captured to settle.
+  #startPassThrough(): void {
+    this.#passThrough = true;
+    for (const chunk of this.#chunks) this.#call('write', chunk);
+    this.#chunks.length = 0;
+  }
 
-  res.writeHead = function writeHeadCaptured(this: Response, status: number, ...rest: unknown[]) {
-    this.statusCode = status;
-    let headers = rest[0];
+  writeHead(res: Response, args: unknown[]): Response {
+    res.statusCode = args[0] as number;
+    let headers = args[1];
     if (typeof headers === 'string') {
-      this.statusMessage = headers;
-      headers = rest[1];
+      res.statusMessage = headers;
+      headers = args[2];
     }
     if (Array.isArray(headers)) {
       // Raw header list: [name, value, name, value, ...] or [[name, value], ...].
       const flat = Array.isArray(headers[0]) ? headers.flat() : headers;
-      for (let i = 0; i + 1 < flat.length; i += 2) this.setHeader(String(flat[i]), flat[i + 1] as string);
+      for (let i = 0; i + 1 < flat.length; i += 2) res.setHeader(String(flat[i]), flat[i + 1] as string);
     } else if (headers !== null && typeof headers === 'object') {
       for (const [name, value] of Object.entries(headers))
-        if (value !== undefined) this.setHeader(name, value as string);
+        if (value !== undefined) res.setHeader(name, value as string);
     }
-    return this;
-  } as Response['writeHead'];
+    return res;
+  }
 
-  res.write = function writeCaptured(this: Response, chunk: Chunk, encoding?: unknown, cb?: unknown) {
-    if (typeof encoding === 'function') cb = encoding;
-    const buffer = toBuffer(chunk, encoding);
-    chunks.push(buffer);
-    size += buffer.byteLength;
+  write(_res: Response, args: unknown[]): boolean {
+    const [chunk, encoding] = args;
+    const cb = typeof encoding === 'function' ? encoding : args[2];
+    const buffer = toBuffer(chunk as Chunk, encoding);
+    this.#chunks.push(buffer);
+    this.#size += buffer.byteLength;
     // The chunk is accepted into memory: say so now, or a handler awaiting its write callback would never resume.
     if (typeof cb === 'function') process.nextTick(cb as WriteCallback);
-    if (size > execution.bufferLimit) startPassThrough();
+    if (this.#size > this.#state.execution.bufferLimit) this.#startPassThrough();
     return true;
-  } as Response['write'];
+  }
 
-  res.end = function endCaptured(this: Response, chunk?: unknown, encoding?: unknown, cb?: unknown) {
+  end(res: Response, args: unknown[]): Response {
+    let [chunk, encoding, cb] = args;
     if (typeof chunk === 'function') {
       cb = chunk;
       chunk = undefined;
@@ -192,48 +338,73 @@ function capture(req: StatefulRequest, res: Response, execution: Execution): voi
       cb = encoding;
       encoding = undefined;
     }
-    if (ended) return this;
-    ended = true;
+    if (this.ended) return res;
+    this.ended = true;
     if (chunk !== undefined && chunk !== null) {
       const buffer = toBuffer(chunk as Chunk, encoding);
-      chunks.push(buffer);
-      size += buffer.byteLength;
+      this.#chunks.push(buffer);
+      this.#size += buffer.byteLength;
     }
-    if (typeof cb === 'function') callbacks.push(cb as WriteCallback);
-    const done = (): void => {
-      for (const callback of callbacks) callback();
-    };
-    if (size > execution.bufferLimit) {
+    if (typeof cb === 'function') this.#callbacks.push(cb as WriteCallback);
+    const callbacks = this.#callbacks;
+    // Only when someone waits: a callback on Node's end costs a 'finish' listener.
+    const done =
+      callbacks.length === 0
+        ? undefined
+        : (): void => {
+            for (const callback of callbacks) callback();
+          };
+    const execution = this.#state.execution;
+    if (this.#size > execution.bufferLimit) {
       // Kept as executed with its status only (its replay is a 410); the body streams through now.
-      if (!passThrough) startPassThrough();
-      else for (const extra of chunks) (write as WriteFn).call(res, extra);
-      res.end = end;
+      if (!this.#passThrough) this.#startPassThrough();
+      else for (const extra of this.#chunks) this.#call('write', extra);
+      this.#stop();
       const headers = res.getHeaders();
-      (end as EndFn).call(res, done);
-      void settle({ status: res.statusCode, headers, body: undefined });
-      return this;
+      if (done === undefined) this.#call('end');
+      else this.#call('end', done);
+      void this.#settle({ status: res.statusCode, headers, body: undefined });
+      return res;
     }
-    const body = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, size);
-    const stored = size <= execution.maxBodyBytes ? body : undefined;
+    const chunks = this.#chunks;
+    const body = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, this.#size);
+    const stored = this.#size <= execution.maxBodyBytes ? body : undefined;
     const status = res.statusCode;
     const headers = res.getHeaders();
-    void settle({ status, headers, body: stored }).then((replacement) => {
-      restore();
+    void this.#settle({ status, headers, body: stored }).then((replacement) => {
+      this.#stop();
       if (replacement === undefined) {
         // While the store was asked, headersSent still read false: code running after the handler's answer (a
         // late error handler, say) may have changed status or headers. Send exactly what was stored.
         res.statusCode = status;
-        for (const name of res.getHeaderNames()) if (!(name in headers)) res.removeHeader(name);
-        for (const name in headers) res.setHeader(name, headers[name] as string | string[] | number);
-        res.end(body, done);
+        if (!sameHeaders(res.getHeaders(), headers)) {
+          for (const name of res.getHeaderNames()) if (!(name in headers)) res.removeHeader(name);
+          for (const name in headers) res.setHeader(name, headers[name] as string | string[] | number);
+        }
+        if (done === undefined) this.#call('end', body);
+        else this.#call('end', body, done);
         return;
       }
       for (const name of res.getHeaderNames()) res.removeHeader(name);
       send(res, replacement);
-      done();
+      done?.();
     });
-    return this;
-  } as Response['end'];
+    return res;
+  }
+}
+
+/** Whether two `getHeaders()` snapshots hold the same values (the same strings and the same arrays). */
+function sameHeaders(
+  now: Readonly<Record<string, unknown>>,
+  before: Readonly<Record<string, unknown>>,
+): boolean {
+  let count = 0;
+  for (const name in now) {
+    if (now[name] !== before[name]) return false;
+    count++;
+  }
+  for (const name in before) if (name !== '') count--;
+  return count === 0;
 }
 
 interface LayerPrototype {
@@ -267,7 +438,7 @@ function patchLayer(req: Request): void {
       res: Response,
       next: NextFunction,
     ) {
-      const state = (req as StatefulRequest)[kState];
+      const state = states.get(req);
       if (state === undefined) return original.call(this, req, res, next);
       const observed = ((error?: unknown) => {
         if (

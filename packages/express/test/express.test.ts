@@ -1,8 +1,11 @@
+import { ServerResponse } from 'node:http';
 import { Readable } from 'node:stream';
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
 import { recordingLogger } from '@oncely/testing';
+import compression from 'compression';
 import express from 'express';
 import express4 from 'express4';
+import morgan from 'morgan';
 import request from 'supertest';
 import idempotencyDefault, { idempotency } from '../src';
 
@@ -201,5 +204,109 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
       retried = runs === 2 || res?.status === 409 ? runs === 2 : false;
     }
     expect(runs).toBe(2);
+  });
+
+  test('a mounted sub-app: covered, replayed, and its handlers see req.idempotencyKey', async () => {
+    const app = expressModule();
+    app.use(expressModule.json());
+    app.use(idempotency());
+    const sub = expressModule();
+    let runs = 0;
+    sub.post('/charges', (req, res) => {
+      runs++;
+      res.status(201).json({ key: req.idempotencyKey, context: req.idempotency?.key });
+    });
+    app.use('/sub', sub);
+    const first = await request(app).post('/sub/charges').set('Idempotency-Key', 'sub-1').send({});
+    expect(first.status).toBe(201);
+    expect(first.body).toEqual({ key: 'sub-1', context: 'sub-1' });
+    const replay = await request(app).post('/sub/charges').set('Idempotency-Key', 'sub-1').send({});
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(replay.body).toEqual(first.body);
+    // A sub-app that has no such route: the app's 404 is what the key recorded.
+    const missing = await request(app).post('/sub/nothing').set('Idempotency-Key', 'sub-2').send({});
+    expect(missing.status).toBe(404);
+    const again = await request(app).post('/sub/nothing').set('Idempotency-Key', 'sub-2').send({});
+    expect(again.status).toBe(404);
+    expect(again.headers['idempotent-replayed']).toBe('true');
+    expect(runs).toBe(1);
+  });
+
+  test('requests oncely does not cover keep no idempotency properties, and a handler may assign them', async () => {
+    const app = expressModule();
+    app.use(expressModule.json());
+    app.use(idempotency());
+    app.get(
+      '/read',
+      (req, res) => void res.json({ key: req.idempotencyKey ?? null, has: 'idempotency' in req }),
+    );
+    app.post('/assign', (req, res) => {
+      req.idempotencyKey = 'mine';
+      res.status(201).json({ key: req.idempotencyKey });
+    });
+    await request(app).post('/assign').set('Idempotency-Key', 'a1').send({}).expect(201, { key: 'mine' });
+    const read = await request(app).get('/read').set('Idempotency-Key', 'a1');
+    expect(read.body.key).toBeNull();
+  });
+
+  test('compression mounted before: what the handler wrote is stored, each client gets what it accepts', async () => {
+    const app = expressModule();
+    app.use(compression({ threshold: 0 }));
+    app.use(expressModule.json());
+    app.use(idempotency());
+    let runs = 0;
+    const text = 'a compressible body '.repeat(20);
+    app.post('/zip', (_req, res) => {
+      runs++;
+      res.status(201).type('text/plain').send(text);
+    });
+    const gzip = await request(app).post('/zip').set('Idempotency-Key', 'z1').set('Accept-Encoding', 'gzip');
+    expect(gzip.status).toBe(201);
+    expect(gzip.headers['content-encoding']).toBe('gzip');
+    expect(gzip.text).toBe(text); // superagent inflates it
+    const plain = await request(app)
+      .post('/zip')
+      .set('Idempotency-Key', 'z1')
+      .set('Accept-Encoding', 'identity');
+    expect(plain.headers['idempotent-replayed']).toBe('true');
+    expect(plain.headers['content-encoding']).toBeUndefined();
+    expect(plain.text).toBe(text);
+    expect(runs).toBe(1);
+  });
+
+  test('morgan mounted before (it wraps writeHead): covered, replayed, and every response logged', async () => {
+    const lines: string[] = [];
+    const app = expressModule();
+    app.use(
+      morgan(':method :url :status', { stream: { write: (line: string) => void lines.push(line.trim()) } }),
+    );
+    app.use(expressModule.json());
+    app.use(idempotency());
+    let runs = 0;
+    app.post('/logged', (_req, res) => void res.status(201).json({ run: ++runs }));
+    await request(app).post('/logged').set('Idempotency-Key', 'm1').send({}).expect(201);
+    const replay = await request(app).post('/logged').set('Idempotency-Key', 'm1').send({});
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(replay.body).toEqual({ run: 1 });
+    await sleep(20);
+    expect(lines).toEqual(['POST /logged 201', 'POST /logged 201']);
+  });
+
+  test('a response sent around oncely is recorded as executed: never run again, never locked', async () => {
+    const app = expressModule();
+    app.use(idempotency({ lockTimeout: 60_000 }));
+    let runs = 0;
+    app.post('/around', (_req, res) => {
+      runs++;
+      // Node's own methods, not the response's: oncely never sees the answer.
+      ServerResponse.prototype.writeHead.call(res, 200);
+      (ServerResponse.prototype.end as (this: ServerResponse, chunk: string) => void).call(res, 'raw');
+    });
+    const first = await request(app).post('/around').set('Idempotency-Key', 'r1');
+    expect(first.text).toBe('raw');
+    await sleep(20);
+    const retry = await request(app).post('/around').set('Idempotency-Key', 'r1');
+    expect(retry.status).toBe(410);
+    expect(runs).toBe(1);
   });
 });

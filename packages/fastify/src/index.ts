@@ -99,7 +99,8 @@ async function idempotencyPluginAsync(
       req[kState] = state;
       // The response can end without passing through onSend (a hijacked reply, a client that went away during
       // a streamed body): its end settles whatever is still unsettled, so no key stays locked.
-      reply.raw.once('close', () => onResponseClose(state, reply));
+      // \`on\`, not \`once\`: 'close' is emitted once, and \`once\` would wrap the listener in two more allocations.
+      reply.raw.on('close', () => onResponseClose(state, reply));
     };
 
     const onSend: onSendHookHandler<unknown> = async function oncelyOnSend(request, reply, payload) {
@@ -119,7 +120,8 @@ async function idempotencyPluginAsync(
       }
       let read: Collected;
       try {
-        read = await collect(reply, payload, execution.bufferLimit);
+        // Strings and bytes (nearly every reply) are read without a promise; only streams need one.
+        read = readNow(payload) ?? (await collect(reply, payload, execution.bufferLimit));
       } catch (error) {
         // Fastify answers with its error handler, whose reply passes here again and finds nothing to settle.
         await execution.fail(error);
@@ -269,6 +271,18 @@ type Collected =
 
 const EMPTY = Buffer.alloc(0);
 
+/** Reads a payload that needs no waiting (nothing, a string, bytes); `undefined` for anything else. */
+function readNow(payload: unknown): Collected | undefined {
+  if (payload === null || payload === undefined) return { kind: 'body', body: EMPTY, payload };
+  if (typeof payload === 'string') {
+    // Send the bytes on: Fastify would otherwise encode the string a second time.
+    const body = Buffer.from(payload);
+    return { kind: 'body', body, payload: body };
+  }
+  if (payload instanceof Uint8Array) return { kind: 'body', body: payload, payload };
+  return undefined;
+}
+
 /**
  * Reads an onSend payload (string, Buffer, typed array, Node or web stream, web Response, nothing) into bytes;
  * a stream only up to `limit`.
@@ -281,13 +295,8 @@ async function collect(reply: FastifyReply, payload: unknown, limit: number): Pr
     for (const [name, value] of payload.headers) reply.header(name, value);
     payload = payload.body;
   }
-  if (payload === null || payload === undefined) return { kind: 'body', body: EMPTY, payload };
-  if (typeof payload === 'string') {
-    // Send the bytes on: Fastify would otherwise encode the string a second time.
-    const body = Buffer.from(payload);
-    return { kind: 'body', body, payload: body };
-  }
-  if (payload instanceof Uint8Array) return { kind: 'body', body: payload, payload };
+  const now = readNow(payload);
+  if (now !== undefined) return now;
   const source = toNodeReadable(payload);
   if (source === undefined) return { kind: 'unknown' };
   const rest = source[Symbol.asyncIterator]();
