@@ -25,7 +25,11 @@ export async function openStore(name: StoreName, services: Services): Promise<Op
       return { store, close: () => store.close() };
     }
     case 'redis': {
-      const client = new Redis(services.redisUrl);
+      // ioredis' defaults, as the README's example (auto-pipelining off: docs/stores/redis.md says why);
+      // ONCELY_BENCH_REDIS_PIPELINING=1 measures it on.
+      const client = new Redis(services.redisUrl, {
+        enableAutoPipelining: process.env.ONCELY_BENCH_REDIS_PIPELINING === '1',
+      });
       const store = new RedisStore({ client, prefix: services.redisPrefix });
       return {
         store,

@@ -24,7 +24,7 @@ export const ACQUIRE = `${NOW}
 local r = redis.call('HMGET', KEYS[1], 's', 'f', 'l', 'c', 'h', 'b')
 if r[1] == 'c' then return {'c', r[2], r[4], r[5], r[6]} end
 if r[1] == 'p' and tonumber(r[3]) > now then return {'p', r[2], tonumber(r[3]) - now} end
-redis.call('DEL', KEYS[1])
+if r[1] then redis.call('DEL', KEYS[1]) end
 redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[1], 't', ARGV[3], 'l', now + tonumber(ARGV[2]))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {'a'}`;
