@@ -47,8 +47,9 @@ interface RequestState {
  * and response prototypes (`express.request`/`express.response`, the documented place to extend them), and look
  * their request up here.
  */
-const globalStates = globalThis as typeof globalThis & { [kStates]?: WeakMap<Request, RequestState> };
-globalStates[kStates] ??= new WeakMap<Request, RequestState>();
+const globalStates = globalThis as typeof globalThis & { [kStates]?: WeakMap<Response, RequestState> };
+// Keyed by the response, which the hot paths (write, end, the Layer wrapper) hold without reading a property.
+globalStates[kStates] ??= new WeakMap<Response, RequestState>();
 const states = globalStates[kStates];
 
 /**
@@ -62,7 +63,7 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
   let warnedNoBody = false;
 
   return function idempotencyMiddleware(req: Request, res: Response, next: NextFunction): void {
-    if (states.has(req) || !engine.covers(req.method)) {
+    if (states.has(res) || !engine.covers(req.method)) {
       next();
       return;
     }
@@ -90,7 +91,9 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
       .then((decision) => {
         // Something else (a timeout middleware, say) answered while the store was being asked: do nothing more,
         // and free the key if we hold it.
-        if (res.headersSent || res.writableEnded) {
+        // (headersSent alone: an ended response has sent its headers. Each property read on an Express response
+        // is slow, see `states`.)
+        if (res.headersSent) {
           if (decision.action === 'execute') void decision.execution.fail(new Error('response already sent'));
           return;
         }
@@ -98,7 +101,7 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
         if (decision.action === 'respond') return send(res, decision.response);
         const { execution } = decision;
         const state: RequestState = { execution, error: undefined, context: undefined, capture: undefined };
-        states.set(req, state);
+        states.set(res, state);
         if (!extendRequestBase(req)) {
           // Not Express's request (no express.request in its chain): plain properties, then.
           req.idempotencyKey = execution.clientKey;
@@ -187,7 +190,7 @@ function accessor(read: (state: RequestState) => unknown, name: string): Propert
   return {
     configurable: true,
     get(this: Request) {
-      const state = states.get(this);
+      const state = states.get(this.res as Response);
       return state === undefined ? undefined : read(state);
     },
     // A handler may still assign it; its value then shadows ours on that request.
@@ -201,26 +204,32 @@ function accessor(read: (state: RequestState) => unknown, name: string): Propert
  * Routes `write`/`end`/`writeHead` of Express's responses through the capture of covered ones, once; returns the
  * methods that Node's response has (what writes go on to), or `undefined` when `res` is no Express response.
  */
-function extendResponseBase(res: Response): Record<Method, AnyMethod> | undefined {
+function extendResponseBase(res: Response): Readonly<Record<Method, AnyMethod>> | undefined {
   const base = baseOf(res, ServerResponse.prototype);
   if (base === undefined) return undefined;
+  let methods = nodeMethods.get(base);
+  if (methods !== undefined) return methods;
   const node = Object.getPrototypeOf(base) as Record<Method, AnyMethod>;
-  if (base[kExtended] === true) return node;
-  const methods: PropertyDescriptorMap = { [kExtended]: { value: true } };
+  methods = { write: node.write, end: node.end, writeHead: node.writeHead };
+  nodeMethods.set(base, methods);
+  if (base[kExtended] === true) return methods; // extended by another copy of this package
+  const descriptors: PropertyDescriptorMap = { [kExtended]: { value: true } };
   for (const method of METHODS) {
-    methods[method] = {
+    descriptors[method] = {
       configurable: true,
       writable: true,
       value: function captured(this: Response, ...args: unknown[]): unknown {
-        const capture = states.get(this.req)?.capture;
+        const capture = states.get(this)?.capture;
         if (capture === undefined || !capture.intercepts(method)) return node[method].apply(this, args);
         return capture[method](this, args);
       },
     };
   }
-  Object.defineProperties(base, methods);
-  return node;
+  Object.defineProperties(base, descriptors);
+  return methods;
 }
+
+const nodeMethods = new WeakMap<object, Readonly<Record<Method, AnyMethod>>>();
 
 /**
  * Holds back what the handler writes — through res.json, res.send, res.write/res.end, writeHead or a pipe — until
@@ -251,13 +260,12 @@ class Capture {
     this.#state = state;
     const r = res as unknown as Record<Method, AnyMethod>;
     const node = extendResponseBase(res);
-    this.#original = { write: r.write, end: r.end, writeHead: r.writeHead };
+    this.#original =
+      node === undefined ? { write: r.write, end: r.end, writeHead: r.writeHead } : { ...node };
     for (const method of METHODS) {
       // Express's response routes this method to us already, unless another middleware wrapped it on `res`.
-      if (node !== undefined && !Object.hasOwn(res, method)) {
-        this.#original[method] = node[method];
-        continue;
-      }
+      if (node !== undefined && !Object.hasOwn(res, method)) continue;
+      this.#original[method] = r[method];
       this.#ownWrapped.push(method);
       const capture = this;
       r[method] = function capturedOwn(this: Response, ...args: unknown[]): unknown {
@@ -376,7 +384,7 @@ class Capture {
       if (replacement === undefined) {
         // While the store was asked, headersSent still read false: code running after the handler's answer (a
         // late error handler, say) may have changed status or headers. Send exactly what was stored.
-        res.statusCode = status;
+        if (res.statusCode !== status) res.statusCode = status;
         if (!sameHeaders(res.getHeaders(), headers)) {
           for (const name of res.getHeaderNames()) if (!(name in headers)) res.removeHeader(name);
           for (const name in headers) res.setHeader(name, headers[name] as string | string[] | number);
@@ -438,7 +446,7 @@ function patchLayer(req: Request): void {
       res: Response,
       next: NextFunction,
     ) {
-      const state = states.get(req);
+      const state = states.get(res);
       if (state === undefined) return original.call(this, req, res, next);
       const observed = ((error?: unknown) => {
         if (
