@@ -30,27 +30,12 @@ export async function openStore(name: StoreName, services: Services): Promise<Op
       const client = new Redis(services.redisUrl, {
         enableAutoPipelining: process.env.ONCELY_BENCH_REDIS_PIPELINING === '1',
       });
-      // An experiment, not what RedisStore does: ONCELY_BENCH_REDIS_CORK=1 holds the socket's writes from the first
-      // command of an event-loop turn until setImmediate, so every command of that turn leaves in one write()
-      // (as node-redis does). benchmarks/notes.md has what it measured.
-      if (process.env.ONCELY_BENCH_REDIS_CORK === '1') {
-        const send = client.sendCommand.bind(client);
-        let corked: import('node:net').Socket | undefined;
-        client.sendCommand = ((...args: Parameters<typeof send>) => {
-          const stream = (client as unknown as { stream?: import('node:net').Socket }).stream;
-          if (corked === undefined && stream !== undefined && client.status === 'ready') {
-            corked = stream;
-            stream.cork();
-            setImmediate(() => {
-              const s = corked;
-              corked = undefined;
-              s?.uncork();
-            });
-          }
-          return send(...args);
-        }) as typeof client.sendCommand;
-      }
-      const store = new RedisStore({ client, prefix: services.redisPrefix });
+      // ONCELY_BENCH_REDIS_COALESCE=0 measures RedisStore with coalesceWrites off.
+      const store = new RedisStore({
+        client,
+        prefix: services.redisPrefix,
+        coalesceWrites: process.env.ONCELY_BENCH_REDIS_COALESCE !== '0',
+      });
       return {
         store,
         close: async () => {
