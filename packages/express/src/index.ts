@@ -1,4 +1,3 @@
-import { IncomingMessage, ServerResponse } from 'node:http';
 import {
   type CapturedResponse,
   type Execution,
@@ -33,19 +32,16 @@ interface RequestState {
   error: unknown;
   /** The response's capture while it holds the body back; `undefined` once the response went its own way. */
   capture: Capture | undefined;
-  /** `req.idempotency`, made on first read. */
-  context: IdempotencyContext | undefined;
 }
 
 /**
- * Covered requests, keyed by request, shared across copies of this package. oncely adds nothing to a covered
- * request or response object: Express replaces the prototype of each (`Object.setPrototypeOf`), after which V8
- * caches no transitions for them, so every property added, or prototype replaced, costs ~1-1.5 µs and leaves a
- * garbage hidden class behind. The six properties oncely used to add (three on `req`; `write`, `end`, `writeHead`
- * on `res`) were ~9 µs of a ~42 µs first-execution overhead (benchmarks/notes.md). Instead, `req.idempotencyKey`,
- * `req.idempotency` and the capture of `res.write`/`res.end`/`res.writeHead` live once on Express's own request
- * and response prototypes (`express.request`/`express.response`, the documented place to extend them), and look
- * their request up here.
+ * Covered requests' state, keyed by response, shared across copies of this package. A WeakMap rather than a
+ * property: Express replaces the prototype of every request and response (`Object.setPrototypeOf`), after which V8
+ * caches no hidden-class transitions for them, so each property added to one costs ~1.3 µs
+ * (`pnpm --filter @oncely/benchmarks micro:props`). oncely still adds the five that must be there: the public
+ * `req.idempotencyKey` and `req.idempotency`, and `res.write`/`res.end`/`res.writeHead` wrapped on the response
+ * itself, which is the one place every caller goes through, whichever Express copy or sub-app the handler runs in
+ * (wrapping Express's shared prototypes instead saved ~4 µs but missed handlers of another Express copy).
  */
 const globalStates = globalThis as typeof globalThis & { [kStates]?: WeakMap<Response, RequestState> };
 // Keyed by the response, which the hot paths (write, end, the Layer wrapper) hold without reading a property.
@@ -91,27 +87,22 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
       .then((decision) => {
         // Something else (a timeout middleware, say) answered while the store was being asked: do nothing more,
         // and free the key if we hold it.
-        // (headersSent alone: an ended response has sent its headers. Each property read on an Express response
-        // is slow, see `states`.)
-        if (res.headersSent) {
+        if (res.headersSent || res.writableEnded) {
           if (decision.action === 'execute') void decision.execution.fail(new Error('response already sent'));
           return;
         }
         if (decision.action === 'pass') return next();
         if (decision.action === 'respond') return send(res, decision.response);
         const { execution } = decision;
-        const state: RequestState = { execution, error: undefined, context: undefined, capture: undefined };
+        const state: RequestState = { execution, error: undefined, capture: undefined };
         states.set(res, state);
-        if (!extendRequestBase(req)) {
-          // Not Express's request (no express.request in its chain): plain properties, then.
-          req.idempotencyKey = execution.clientKey;
-          req.idempotency = { key: execution.clientKey, db: execution.db };
-        }
+        req.idempotencyKey = execution.clientKey;
+        req.idempotency = { key: execution.clientKey, db: execution.db };
         patchLayer(req);
         state.capture = new Capture(res, state);
         // A response that closes without passing through our end: Express destroys the socket when a handler fails
-        // after streaming began (release the noted error), or something sent it around oncely (a method replaced
-        // after oncely ran): recorded as executed without a body. Without either, the handler may still be
+        // after streaming began (release the noted error), or something sent it around oncely (Node's methods
+        // called on it directly): recorded as executed without a body. Without either, the handler may still be
         // running (the client merely left): the lease stays.
         res.on('close', () => {
           if (state.error !== undefined) void execution.fail(state.error);
@@ -144,102 +135,14 @@ function toBuffer(chunk: Chunk, encoding: unknown): Buffer {
   return Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
 }
 
-const kExtended = Symbol.for('oncely.express.extended');
-type Extensible = Record<PropertyKey, unknown>;
-
-/**
- * The object in `value`'s prototype chain that sits right on `node` (Node's `IncomingMessage.prototype` or
- * `ServerResponse.prototype`): Express's `request`/`response`, the base of every app's and sub-app's prototypes.
- * Looked up once per prototype met.
- */
-const bases = new WeakMap<object, Extensible | null>();
-function baseOf(value: object, node: object): Extensible | undefined {
-  const proto = Object.getPrototypeOf(value) as object | null;
-  if (proto === null) return undefined;
-  let base = bases.get(proto);
-  if (base === undefined) {
-    base = null;
-    for (
-      let p: object | null = proto;
-      p !== null && p !== node;
-      p = Object.getPrototypeOf(p) as object | null
-    )
-      if (Object.getPrototypeOf(p) === node) base = p as Extensible;
-    bases.set(proto, base);
-  }
-  return base ?? undefined;
-}
-
-/** Gives Express's request `idempotencyKey` and `idempotency` accessors, once; false when `req` is no Express request. */
-function extendRequestBase(req: Request): boolean {
-  const base = baseOf(req, IncomingMessage.prototype);
-  if (base === undefined) return false;
-  if (base[kExtended] === true) return true;
-  Object.defineProperties(base, {
-    [kExtended]: { value: true },
-    idempotencyKey: accessor((state) => state.execution.clientKey, 'idempotencyKey'),
-    idempotency: accessor(
-      (state) => (state.context ??= { key: state.execution.clientKey, db: state.execution.db }),
-      'idempotency',
-    ),
-  });
-  return true;
-}
-
-function accessor(read: (state: RequestState) => unknown, name: string): PropertyDescriptor {
-  return {
-    configurable: true,
-    get(this: Request) {
-      const state = states.get(this.res as Response);
-      return state === undefined ? undefined : read(state);
-    },
-    // A handler may still assign it; its value then shadows ours on that request.
-    set(this: Request, value: unknown) {
-      Object.defineProperty(this, name, { value, writable: true, enumerable: true, configurable: true });
-    },
-  };
-}
-
-/**
- * Routes `write`/`end`/`writeHead` of Express's responses through the capture of covered ones, once; returns the
- * methods that Node's response has (what writes go on to), or `undefined` when `res` is no Express response.
- */
-function extendResponseBase(res: Response): Readonly<Record<Method, AnyMethod>> | undefined {
-  const base = baseOf(res, ServerResponse.prototype);
-  if (base === undefined) return undefined;
-  let methods = nodeMethods.get(base);
-  if (methods !== undefined) return methods;
-  const node = Object.getPrototypeOf(base) as Record<Method, AnyMethod>;
-  methods = { write: node.write, end: node.end, writeHead: node.writeHead };
-  nodeMethods.set(base, methods);
-  if (base[kExtended] === true) return methods; // extended by another copy of this package
-  const descriptors: PropertyDescriptorMap = { [kExtended]: { value: true } };
-  for (const method of METHODS) {
-    descriptors[method] = {
-      configurable: true,
-      writable: true,
-      value: function captured(this: Response, ...args: unknown[]): unknown {
-        const capture = states.get(this)?.capture;
-        if (capture === undefined || !capture.intercepts(method)) return node[method].apply(this, args);
-        return capture[method](this, args);
-      },
-    };
-  }
-  Object.defineProperties(base, descriptors);
-  return methods;
-}
-
-const nodeMethods = new WeakMap<object, Readonly<Record<Method, AnyMethod>>>();
-
 /**
  * Holds back what the handler writes — through res.json, res.send, res.write/res.end, writeHead or a pipe — until
  * the response has been stored, so that a client that got the response always finds it replayable. A body that
  * outgrows maxBodyBytes stops being held: it streams through, and the record keeps only its status (in
  * transactional mode all of it is held, since nothing may be sent before the commit).
  *
- * Writes reach it through Express's response prototype (`extendResponseBase`), except a method another middleware
- * had already wrapped as the response's own property (compression, on-headers): that one is wrapped in turn, so
- * what the handler writes is captured before that middleware transforms it, as it was mounted to do.
+ * A middleware mounted before oncely that wrapped one of these methods (compression, on-headers) is wrapped in
+ * turn, so what the handler writes is captured before that middleware transforms it, as it was mounted to do.
  */
 class Capture {
   ended = false;
@@ -247,8 +150,6 @@ class Capture {
   readonly #state: RequestState;
   /** The methods writes go on to when they are not held (what `res.write` etc. were before this capture). */
   readonly #original: Record<Method, AnyMethod>;
-  /** Methods wrapped as own properties, to put back when the capture ends. */
-  readonly #ownWrapped: Method[] = [];
   readonly #chunks: Buffer[] = [];
   readonly #callbacks: WriteCallback[] = [];
   #size = 0;
@@ -259,16 +160,10 @@ class Capture {
     this.#res = res;
     this.#state = state;
     const r = res as unknown as Record<Method, AnyMethod>;
-    const node = extendResponseBase(res);
-    this.#original =
-      node === undefined ? { write: r.write, end: r.end, writeHead: r.writeHead } : { ...node };
+    this.#original = { write: r.write, end: r.end, writeHead: r.writeHead };
     for (const method of METHODS) {
-      // Express's response routes this method to us already, unless another middleware wrapped it on `res`.
-      if (node !== undefined && !Object.hasOwn(res, method)) continue;
-      this.#original[method] = r[method];
-      this.#ownWrapped.push(method);
       const capture = this;
-      r[method] = function capturedOwn(this: Response, ...args: unknown[]): unknown {
+      r[method] = function captured(this: Response, ...args: unknown[]): unknown {
         return capture.intercepts(method)
           ? capture[method](this, args)
           : capture.#original[method].apply(this, args);
@@ -281,11 +176,12 @@ class Capture {
     return this.#active && !(this.#passThrough && method !== 'end');
   }
 
-  /** Ends the capture: every method goes straight to the original again. */
+  /**
+   * Ends the capture: every method goes straight to the original again. The wrappers stay on the response (each
+   * store to it costs, see `states`); they only pass calls on from here.
+   */
   #stop(): void {
     this.#active = false;
-    const r = this.#res as unknown as Record<Method, AnyMethod>;
-    for (const method of this.#ownWrapped) r[method] = this.#original[method];
   }
 
   #call(method: Method, ...args: unknown[]): unknown {

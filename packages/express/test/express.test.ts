@@ -309,4 +309,68 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
     expect(retry.status).toBe(410);
     expect(runs).toBe(1);
   });
+
+  test('a client gone (socket destroyed) and answered while the store was asked: the handler does not run', async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    const memory = new MemoryStore();
+    const slow = {
+      acquire: async (...args: Parameters<MemoryStore['acquire']>) => {
+        await gate;
+        return memory.acquire(...args);
+      },
+      complete: memory.complete.bind(memory),
+      release: memory.release.bind(memory),
+      renew: memory.renew.bind(memory),
+    };
+    const app = expressModule();
+    app.use((req, res, next) => {
+      setTimeout(() => req.socket.destroy(), 30);
+      setTimeout(() => {
+        // On a destroyed socket this ends the response without sending headers: headersSent stays false.
+        if (!res.headersSent) res.status(503).json({ error: 'timeout' });
+        release();
+      }, 40);
+      next();
+    });
+    app.use(idempotency({ store: slow }));
+    let runs = 0;
+    app.post('/gone', (_req, res) => void res.status(201).json({ run: ++runs }));
+    await request(app)
+      .post('/gone')
+      .set('Idempotency-Key', 'gone')
+      .catch(() => undefined);
+    await sleep(50);
+    expect(runs).toBe(0);
+    expect(await memory.get('gone')).toBeUndefined();
+  });
+
+  test('a handler in an app of another Express copy, called as a function: captured and replayed', async () => {
+    // A fresh copy of the other Express, as a duplicated dependency would load: nothing oncely did to the copies
+    // other tests used applies to it.
+    let other!: typeof express;
+    jest.isolateModules(() => {
+      other = require(expressModule === express ? 'express4' : 'express') as typeof express;
+    });
+    const outer = expressModule();
+    outer.use(expressModule.json());
+    outer.use(idempotency());
+    const inner = other();
+    let runs = 0;
+    const keys: unknown[] = [];
+    inner.post('/charges', (req, res) => {
+      keys.push(req.idempotencyKey);
+      res.status(201).json({ run: ++runs });
+    });
+    outer.use('/v1', (req, res, next) => inner(req, res, next));
+    const first = await request(outer).post('/v1/charges').set('Idempotency-Key', 'mix').send({});
+    expect(first.status).toBe(201);
+    const replay = await request(outer).post('/v1/charges').set('Idempotency-Key', 'mix').send({});
+    expect(replay.status).toBe(201);
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(replay.body).toEqual({ run: 1 });
+    expect(keys).toEqual(['mix']);
+  });
 });
