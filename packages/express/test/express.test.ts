@@ -122,20 +122,7 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
   });
 
   test('a response sent by someone else while the store was asked: no crash, no execution, key freed', async () => {
-    let release!: () => void;
-    const gate = new Promise<void>((resolve) => {
-      release = resolve;
-    });
-    const memory = new MemoryStore();
-    const slow = {
-      acquire: async (...args: Parameters<MemoryStore['acquire']>) => {
-        await gate;
-        return memory.acquire(...args);
-      },
-      complete: memory.complete.bind(memory),
-      release: memory.release.bind(memory),
-      renew: memory.renew.bind(memory),
-    };
+    const { slow, release } = gatedStore();
     const app = expressModule();
     // A timeout middleware answering first, as connect-timeout would.
     app.use((_req, res, next) => {
@@ -311,20 +298,7 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
   });
 
   test('a client gone (socket destroyed) and answered while the store was asked: the handler does not run', async () => {
-    let release!: () => void;
-    const gate = new Promise<void>((resolve) => {
-      release = resolve;
-    });
-    const memory = new MemoryStore();
-    const slow = {
-      acquire: async (...args: Parameters<MemoryStore['acquire']>) => {
-        await gate;
-        return memory.acquire(...args);
-      },
-      complete: memory.complete.bind(memory),
-      release: memory.release.bind(memory),
-      renew: memory.renew.bind(memory),
-    };
+    const { memory, slow, release } = gatedStore();
     const app = expressModule();
     app.use((req, res, next) => {
       setTimeout(() => req.socket.destroy(), 30);
@@ -374,3 +348,22 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
     expect(keys).toEqual(['mix']);
   });
 });
+
+/** A MemoryStore whose acquires wait until `release()` is called: a store slow to answer. */
+function gatedStore() {
+  let release!: () => void;
+  const gate = new Promise<void>((resolve) => {
+    release = resolve;
+  });
+  const memory = new MemoryStore();
+  const slow = {
+    acquire: async (...args: Parameters<MemoryStore['acquire']>) => {
+      await gate;
+      return memory.acquire(...args);
+    },
+    complete: memory.complete.bind(memory),
+    release: memory.release.bind(memory),
+    renew: memory.renew.bind(memory),
+  };
+  return { memory, slow, release };
+}
