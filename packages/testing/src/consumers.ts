@@ -1,5 +1,5 @@
-import { type ChildProcess, spawn } from 'node:child_process';
-import { createInterface } from 'node:readline';
+import type { ChildProcess } from 'node:child_process';
+import { spawnSource } from './processes';
 
 export const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -22,30 +22,12 @@ export interface ConsumerProcess {
 }
 
 /** Starts `script`; resolves once it prints the line `ready` (it must, once it consumes). */
-export function startConsumerProcess(script: string, env: Record<string, string>): Promise<ConsumerProcess> {
-  const child = spawn(process.execPath, ['--conditions=@oncely/source', '--import', 'tsx', script], {
-    env: { ...process.env, ...env },
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  const kill = () =>
-    new Promise<void>((resolve) => {
-      if (child.exitCode !== null || child.signalCode !== null) return resolve();
-      child.once('exit', () => resolve());
-      child.kill('SIGKILL');
-    });
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => {
-      void kill();
-      reject(new Error(`${script} was not ready within 20s`));
-    }, 20_000);
-    const early = (code: number | null, signal: string | null) =>
-      reject(new Error(`${script} exited early (${code ?? signal})`));
-    child.once('exit', early);
-    createInterface({ input: child.stdout as NodeJS.ReadableStream }).once('line', (line) => {
-      clearTimeout(timer);
-      child.off('exit', early);
-      if (line.trim() === 'ready') resolve({ pid: child.pid as number, child, kill });
-      else reject(new Error(`${script} printed ${JSON.stringify(line)} instead of ready`));
-    });
-  });
+export async function startConsumerProcess(
+  script: string,
+  env: Record<string, string>,
+): Promise<ConsumerProcess> {
+  const { child, kill, firstLine } = spawnSource(script, env);
+  const line = await firstLine('was not ready');
+  if (line.trim() !== 'ready') throw new Error(`${script} printed ${JSON.stringify(line)} instead of ready`);
+  return { pid: child.pid as number, child, kill };
 }

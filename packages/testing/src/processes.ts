@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { Agent, request } from 'node:http';
-import { createInterface } from 'node:readline';
+import { createInterface, type Interface } from 'node:readline';
 
 /** An app server in a process of its own, started from a TypeScript file (run with tsx, packages from source). */
 export interface AppProcess {
@@ -12,11 +12,18 @@ export interface AppProcess {
   kill(): Promise<void>;
 }
 
-/**
- * Starts `script` with `node --conditions=@oncely/source --import tsx`; the script must print one JSON line
- * `{"port": n}` on stdout once it listens on 127.0.0.1.
- */
-export function startAppProcess(script: string, env: Record<string, string>): Promise<AppProcess> {
+/** A TypeScript script in a process of its own (tsx, packages from source), and its stdout as lines. */
+export interface SourceProcess {
+  child: ChildProcess;
+  lines: Interface;
+  /** SIGKILL, and wait for the exit. */
+  kill(): Promise<void>;
+  /** The first stdout line; rejects if the process exits first or prints nothing within 20 s (`what` names it). */
+  firstLine(what: string): Promise<string>;
+}
+
+/** Starts `script` with `node --conditions=@oncely/source --import tsx`, stderr inherited. */
+export function spawnSource(script: string, env: Record<string, string>): SourceProcess {
   const child = spawn(process.execPath, ['--conditions=@oncely/source', '--import', 'tsx', script], {
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'inherit'],
@@ -27,37 +34,47 @@ export function startAppProcess(script: string, env: Record<string, string>): Pr
       child.once('exit', () => resolve());
       child.kill('SIGKILL');
     });
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => {
-      void kill();
-      reject(new Error(`${script} did not report a port within 20s`));
-    }, 20_000);
-    child.once('exit', (code, signal) => reject(new Error(`${script} exited early (${code ?? signal})`)));
-    const lines = createInterface({ input: child.stdout as NodeJS.ReadableStream });
-    const waitForLine = (match: (line: string) => boolean, timeoutMs = 20_000) =>
-      new Promise<string>((resolveLine, rejectLine) => {
-        const onLine = (line: string) => {
-          if (!match(line)) return;
-          clearTimeout(lineTimer);
-          lines.off('line', onLine);
-          resolveLine(line);
-        };
-        const lineTimer = setTimeout(() => {
-          lines.off('line', onLine);
-          rejectLine(new Error(`${script}: no matching line within ${timeoutMs}ms`));
-        }, timeoutMs);
-        lines.on('line', onLine);
+  const lines = createInterface({ input: child.stdout as NodeJS.ReadableStream });
+  const firstLine = (what: string) =>
+    new Promise<string>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        void kill();
+        reject(new Error(`${script} ${what} within 20s`));
+      }, 20_000);
+      const early = (code: number | null, signal: string | null) =>
+        reject(new Error(`${script} exited early (${code ?? signal})`));
+      child.once('exit', early);
+      lines.once('line', (line) => {
+        clearTimeout(timer);
+        child.off('exit', early);
+        resolve(line);
       });
-    lines.once('line', (line) => {
-      clearTimeout(timer);
-      try {
-        const { port } = JSON.parse(line) as { port: number };
-        resolve({ url: `http://127.0.0.1:${port}`, child, kill, waitForLine });
-      } catch (error) {
-        reject(error);
-      }
     });
-  });
+  return { child, lines, kill, firstLine };
+}
+
+/**
+ * Starts `script` (see `spawnSource`); the script must print one JSON line `{"port": n}` on stdout once it
+ * listens on 127.0.0.1.
+ */
+export async function startAppProcess(script: string, env: Record<string, string>): Promise<AppProcess> {
+  const { child, lines, kill, firstLine } = spawnSource(script, env);
+  const waitForLine = (match: (line: string) => boolean, timeoutMs = 20_000) =>
+    new Promise<string>((resolveLine, rejectLine) => {
+      const onLine = (line: string) => {
+        if (!match(line)) return;
+        clearTimeout(lineTimer);
+        lines.off('line', onLine);
+        resolveLine(line);
+      };
+      const lineTimer = setTimeout(() => {
+        lines.off('line', onLine);
+        rejectLine(new Error(`${script}: no matching line within ${timeoutMs}ms`));
+      }, timeoutMs);
+      lines.on('line', onLine);
+    });
+  const { port } = JSON.parse(await firstLine('did not report a port')) as { port: number };
+  return { url: `http://127.0.0.1:${port}`, child, kill, waitForLine };
 }
 
 export interface SentRequest {
