@@ -1,5 +1,7 @@
 // One jest run for every package: tests import sibling packages by name and are mapped to their
-// TypeScript sources, so `pnpm test` needs no build first.
+// TypeScript sources, so `npm test` needs no build first. A test file that needs a service names it in its opening
+// docblock (`@services redis`); when one is down, its files are left out and the run says so in one line per
+// service, then fails (packages/testing/jest/services.cjs).
 /** @type {import('jest').Config} */
 module.exports = {
   testEnvironment: 'node',
@@ -15,4 +17,6 @@ module.exports = {
   },
   transformIgnorePatterns: ['^(?!.*/node_modules/cookie/).*/node_modules/'],
   testTimeout: 30000,
+  testSequencer: '<rootDir>/packages/testing/jest/sequencer.cjs',
+  reporters: ['default', '<rootDir>/packages/testing/jest/reporter.cjs'],
 };

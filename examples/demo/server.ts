@@ -14,7 +14,7 @@ const server = createApp({ slowChargeMs: SLOW_CHARGE_MS }).listen(port, host);
 server.on('error', (error: NodeJS.ErrnoException) => {
   console.error(
     error.code === 'EADDRINUSE'
-      ? `Port ${port} is in use. Run with another port: PORT=3001 pnpm start`
+      ? `Port ${port} is in use. Run with another port: PORT=3001 npm start`
       : `Could not start the demo: ${error.message}`,
   );
   process.exit(1);

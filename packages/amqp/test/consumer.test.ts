@@ -1,3 +1,6 @@
+/**
+ * @services rabbitmq
+ */
 import { randomUUID } from 'node:crypto';
 import {
   type AmqpConsumerOptions,

@@ -1,3 +1,6 @@
+/**
+ * @services rabbitmq redis
+ */
 import { randomUUID } from 'node:crypto';
 import { join } from 'node:path';
 import { delayQueueName } from '@oncely/amqp';

@@ -1,3 +1,6 @@
+/**
+ * @services nats
+ */
 import { randomUUID } from 'node:crypto';
 import {
   AckPolicy,

@@ -1,3 +1,6 @@
+/**
+ * @services nats redis
+ */
 import { randomUUID } from 'node:crypto';
 import { join } from 'node:path';
 import {

@@ -1,3 +1,6 @@
+/**
+ * @services postgres
+ */
 import type { AcquireResult, StoredResponse } from '@oncely/core';
 import pg from 'pg';
 import { PostgresStore } from '../src';

@@ -1,3 +1,6 @@
+/**
+ * @services postgres rabbitmq
+ */
 import { randomUUID } from 'node:crypto';
 import { join } from 'node:path';
 import { startAppProcess } from '@oncely/testing';

@@ -1,3 +1,6 @@
+/**
+ * @services postgres
+ */
 import { randomUUID } from 'node:crypto';
 import { join } from 'node:path';
 import { type AppProcess, fireAtOnce, startAppProcess } from '@oncely/testing';

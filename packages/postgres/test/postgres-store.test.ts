@@ -1,3 +1,6 @@
+/**
+ * @services postgres
+ */
 import { storeContractSuite } from '@oncely/testing';
 import { PostgresStore } from '../src';
 import { testSchema } from './helpers';

@@ -1,3 +1,6 @@
+/**
+ * @services postgres redis
+ */
 import { randomUUID } from 'node:crypto';
 import { join } from 'node:path';
 import { RedisStore } from '@oncely/redis';

@@ -1,3 +1,6 @@
+/**
+ * @services postgres
+ */
 import { join } from 'node:path';
 import { IdempotencyInProgressError } from '@oncely/core';
 import { idempotency } from '@oncely/express';

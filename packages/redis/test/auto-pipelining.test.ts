@@ -1,3 +1,6 @@
+/**
+ * @services redis
+ */
 import { randomUUID } from 'node:crypto';
 import { storeContractSuite } from '@oncely/testing';
 import Redis from 'ioredis';

@@ -1,3 +1,6 @@
+/**
+ * @services redis-server
+ */
 import { type PrivateRedisCluster, startRedisCluster, storeContractSuite } from '@oncely/testing';
 import { Cluster } from 'ioredis';
 import { RedisStore } from '../src';

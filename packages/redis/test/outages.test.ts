@@ -1,3 +1,6 @@
+/**
+ * @services redis-server
+ */
 import type { AddressInfo } from 'node:net';
 import { idempotency } from '@oncely/express';
 import { type PrivateRedis, startRedis } from '@oncely/testing';

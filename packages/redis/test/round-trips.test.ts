@@ -1,3 +1,6 @@
+/**
+ * @services redis-server
+ */
 import { idempotency } from '@oncely/express';
 import { type PrivateRedis, startRedis } from '@oncely/testing';
 import express from 'express';

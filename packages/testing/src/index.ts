@@ -1,3 +1,9 @@
+export {
+  type CommandProcess,
+  repositoryRoot,
+  runRootScript,
+  runRootScriptToEnd,
+} from './commands';
 export { type ConsumerProcess, sleep, startConsumerProcess, waitUntil } from './consumers';
 export {
   type AdapterHarness,

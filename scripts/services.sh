@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# The services the tests and examples need, on this machine: Redis, PostgreSQL, RabbitMQ, NATS with JetStream.
+#
+#   bash scripts/services.sh           install (Debian/Ubuntu packages) what is missing, start what is not running
+#   bash scripts/services.sh --check   only say which are up; exit 1 if any is not
+#
+# Each is looked for where the tests look by default (127.0.0.1: Redis 6379, PostgreSQL 5432 with database `test`,
+# RabbitMQ 5672 guest/guest, NATS 4222); one already running there is left alone. A newly installed PostgreSQL is
+# set to trust connections from loopback, as the tests expect (a throwaway test database, nothing else).
+# .ci/run calls this script; README.md tells people to: the two cannot drift. compose.yaml is the Docker way.
+set -euo pipefail
+
+REDIS_PORT=6379
+PG_HOST=127.0.0.1
+PG_PORT=5432
+PG_DB=test
+RABBITMQ_PORT=5672
+NATS_PORT=4222
+
+export DEBIAN_FRONTEND=noninteractive
+
+log() { printf '==> %s\n' "$*"; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    if [ -t 0 ]; then sudo "$@"; else sudo -n "$@"; fi
+  else
+    echo "scripts/services.sh: need root for: $*" >&2
+    return 1
+  fi
+}
+
+APT_UPDATED=0
+apt_install() {
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "scripts/services.sh: no apt-get on this machine: install $* yourself, or use compose.yaml (docker compose up -d)" >&2
+    exit 1
+  fi
+  if [ "$APT_UPDATED" -eq 0 ]; then
+    as_root apt-get update -q </dev/null
+    APT_UPDATED=1
+  fi
+  as_root apt-get install -y -q --no-install-recommends "$@" </dev/null
+}
+
+# wait_for <seconds> <command...>: retries the command once a second until it succeeds.
+wait_for() {
+  local seconds=$1
+  shift
+  local i
+  for ((i = 0; i < seconds; i++)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 1
+  done
+  "$@"
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+redis_up() { [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
+pg_up() { pg_isready -q -h "$PG_HOST" -p "$PG_PORT"; }
+
+ensure_redis() {
+  # The binaries too: tests start private redis-servers (to kill, pause, or build a Cluster).
+  if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+    log "installing redis"
+    apt_install redis-server redis-tools
+  fi
+  if ! redis_up; then
+    log "starting redis"
+    as_root mkdir -p /var/lib/redis /var/log/redis
+    as_root redis-server --daemonize yes --bind 127.0.0.1 -::1 --port "$REDIS_PORT" --save "" --appendonly no \
+      --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  fi
+  wait_for 30 redis_up
+  echo "redis: up on 127.0.0.1:$REDIS_PORT"
+}
+
+ensure_postgres() {
+  if ! command -v pg_isready >/dev/null 2>&1 || ! pg_up; then
+    local installed=0 version
+    if ! command -v pg_ctlcluster >/dev/null 2>&1 || ! command -v pg_isready >/dev/null 2>&1 ||
+      ! command -v psql >/dev/null 2>&1 || [ -z "$(ls /etc/postgresql 2>/dev/null)" ]; then
+      log "installing postgresql"
+      apt_install postgresql postgresql-client
+      installed=1
+    fi
+    version=$(find /etc/postgresql -mindepth 1 -maxdepth 1 -printf '%f\n' | sort -V | tail -n 1)
+    if [ "$installed" -eq 1 ]; then
+      as_root sed -i -E 's/^(host[[:space:]].*[[:space:]])(scram-sha-256|md5)[[:space:]]*$/\1trust/' \
+        "/etc/postgresql/$version/main/pg_hba.conf"
+    fi
+    if pg_up; then
+      as_root pg_ctlcluster --skip-systemctl-redirect "$version" main reload
+    else
+      log "starting postgresql $version"
+      as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start
+    fi
+    wait_for 30 pg_up
+  fi
+  local exists
+  exists=$(psql -h "$PG_HOST" -p "$PG_PORT" -U postgres -d postgres -tAc \
+    "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'" </dev/null)
+  if [ "$exists" != 1 ]; then
+    log "creating database $PG_DB"
+    psql -h "$PG_HOST" -p "$PG_PORT" -U postgres -d postgres -c "CREATE DATABASE $PG_DB" </dev/null
+  fi
+  echo "postgres: up on $PG_HOST:$PG_PORT, database $PG_DB"
+}
+
+ensure_rabbitmq() {
+  if ! port_open "$RABBITMQ_PORT"; then
+    if ! command -v rabbitmq-server >/dev/null 2>&1; then
+      log "installing rabbitmq"
+      apt_install rabbitmq-server
+    fi
+    log "starting rabbitmq"
+    as_root rabbitmq-server -detached </dev/null
+    wait_for 90 port_open "$RABBITMQ_PORT"
+    # The broker accepts connections slightly before it accepts logins: wait for it to answer.
+    wait_for 60 as_root rabbitmqctl await_startup
+  fi
+  echo "rabbitmq: up on 127.0.0.1:$RABBITMQ_PORT"
+}
+
+ensure_nats() {
+  if ! port_open "$NATS_PORT"; then
+    if ! command -v nats-server >/dev/null 2>&1 && [ ! -x /usr/sbin/nats-server ]; then
+      log "installing nats-server"
+      apt_install nats-server
+    fi
+    log "starting nats (JetStream)"
+    as_root mkdir -p /var/lib/nats-server
+    as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+      -a 127.0.0.1 -p "$NATS_PORT" -js -sd /var/lib/nats-server -l /var/log/nats-server.log </dev/null
+    wait_for 30 port_open "$NATS_PORT"
+  fi
+  echo "nats: up on 127.0.0.1:$NATS_PORT"
+}
+
+check() {
+  local down=0
+  check_one() {
+    if port_open "$2"; then echo "$1: up on 127.0.0.1:$2"; else echo "$1: not reachable on 127.0.0.1:$2"; down=1; fi
+  }
+  check_one redis "$REDIS_PORT"
+  check_one postgres "$PG_PORT"
+  check_one rabbitmq "$RABBITMQ_PORT"
+  check_one nats "$NATS_PORT"
+  if command -v redis-server >/dev/null 2>&1; then echo "redis-server binary: $(command -v redis-server)"; else
+    echo "redis-server binary: not on PATH (tests start private Redis servers from it)"
+    down=1
+  fi
+  return "$down"
+}
+
+case "${1:-}" in
+  --check) check ;;
+  '')
+    ensure_redis
+    ensure_postgres
+    ensure_rabbitmq
+    ensure_nats
+    ;;
+  *)
+    echo "usage: bash scripts/services.sh [--check]" >&2
+    exit 2
+    ;;
+esac
