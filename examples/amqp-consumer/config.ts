@@ -11,7 +11,7 @@ export const deadLetterQueue = `${queue}.dead-letter`;
 export function unreachable(service: string, where: string, composeName: string, error: unknown): string {
   const reason = error instanceof Error ? error.message : String(error);
   return (
-    `${service} is not reachable at ${where} (${reason}). Start it: sudo bash scripts/services.sh, ` +
+    `${service} is not reachable at ${where} (${reason}). Start it: bash scripts/services.sh, ` +
     `or docker compose up -d ${composeName}.`
   );
 }

@@ -33,7 +33,7 @@ try {
 } catch (error) {
   console.error(
     `PostgreSQL is not reachable at ${databaseUrl} (${(error as Error).message}). ` +
-      'Start it: sudo bash scripts/services.sh, or docker compose up -d postgres; or point DATABASE_URL at yours.',
+      'Start it: bash scripts/services.sh, or docker compose up -d postgres; or point DATABASE_URL at yours.',
   );
   await pool.end();
   process.exit(1);

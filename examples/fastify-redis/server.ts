@@ -28,7 +28,7 @@ try {
 } catch (error) {
   console.error(
     `Redis is not reachable at ${redisUrl} (${(lastError ?? (error as Error)).message}). ` +
-      'Start it: sudo bash scripts/services.sh, or docker compose up -d redis; or point REDIS_URL at yours.',
+      'Start it: bash scripts/services.sh, or docker compose up -d redis; or point REDIS_URL at yours.',
   );
   process.exit(1);
 }
