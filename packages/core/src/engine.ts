@@ -56,6 +56,8 @@ export type HttpDecision =
 
 const PASS: HttpDecision = { action: 'pass' };
 
+const UNSCOPED_DOCS = 'https://oncely.dev/docs/security#always-set-scope-on-an-authenticated-api';
+
 // Marks a stored response whose body outgrew maxBodyBytes: only its status is kept, and its replay is a 410.
 const OMITTED_BODY_HEADER = 'x-oncely-body-omitted';
 
@@ -73,6 +75,8 @@ const KEY_PROBLEM_DETAIL: Record<KeyProblem, string> = {
  */
 export class Idempotency<Req = unknown> {
   readonly options: ResolvedOptions<Req>;
+  // Shared with the engines made by with(), so a plugin and its routes warn once between them.
+  readonly #unscopedWarning: { given: boolean };
 
   constructor(
     options: IdempotencyOptions<Req> = {},
@@ -80,6 +84,7 @@ export class Idempotency<Req = unknown> {
     extraKnownOptions?: ReadonlySet<string>,
   ) {
     this.options = resolveOptions(options, base?.options, extraKnownOptions);
+    this.#unscopedWarning = base === undefined ? { given: false } : base.#unscopedWarning;
   }
 
   /** An engine with `overrides` over this one's options (a route's options over its plugin's). */
@@ -127,7 +132,10 @@ export class Idempotency<Req = unknown> {
     let fingerprint: string;
     try {
       // A scope may hold any character; the key cannot hold a space, so the last space splits them unambiguously.
-      if (o.scope === undefined) key = clientKey;
+      if (o.scope === undefined) {
+        key = clientKey;
+        if (!this.#unscopedWarning.given) this.#warnIfCredentials(input.headers, log);
+      } else if (o.scope === false) key = clientKey;
       else {
         const scope: unknown = o.scope(input.request);
         // Anything but a string (a Promise from an async scope, undefined) would merge scopes: refuse it.
@@ -211,6 +219,28 @@ export class Idempotency<Req = unknown> {
           );
       }
     }
+  }
+
+  /**
+   * A request with credentials on an engine without `scope`: the record its key names is shared by every caller,
+   * so another user sending the same key gets this one's response. Said once per engine (and its with() copies).
+   */
+  #warnIfCredentials(headers: HttpRequestInput<Req>['headers'], log: Logger): void {
+    const header =
+      headers.authorization !== undefined
+        ? 'authorization'
+        : headers.cookie !== undefined
+          ? 'cookie'
+          : undefined;
+    if (header === undefined) return;
+    this.#unscopedWarning.given = true;
+    const message = `oncely: a request with ${header === 'authorization' ? 'an Authorization' : 'a Cookie'} header is covered without a scope, so every caller shares one key space and a caller sending another's key gets that caller's stored response; set scope to the authenticated identity (scope: (req) => req.user.id, or scopeByHeader('authorization', { secret }) for API keys), or scope: false if one key space is intended. Said once. ${UNSCOPED_DOCS}`;
+    // Without a logger (Express's default) a log line would go nowhere, and this one must be seen: a process
+    // warning goes to stderr unless the application routes warnings elsewhere.
+    if (log === silentLogger && typeof globalThis.process?.emitWarning === 'function') {
+      process.emitWarning(message, { code: 'ONCELY_UNSCOPED_CREDENTIALS' });
+    } else log.warn({ header, docs: UNSCOPED_DOCS }, message);
+    this.#hook('onUnscopedCredentials', { header }, log);
   }
 
   #acquire(key: string, fingerprint: string): Promise<AcquireResult | TransactionAcquiredResult> {

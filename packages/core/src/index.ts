@@ -46,8 +46,10 @@ export type {
   ReleaseEvent,
   ResolvedOptions,
   StoreErrorEvent,
+  UnscopedCredentialsEvent,
 } from './options';
 export { PROBLEM_TYPES, type ProblemDetails, problemResponse } from './problems';
+export { type RequestWithHeaders, type ScopeByHeaderOptions, scopeByHeader } from './scope';
 export type {
   AcquiredResult,
   AcquireOptions,

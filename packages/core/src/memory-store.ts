@@ -181,6 +181,12 @@ export class MemoryStore implements IdempotencyStore {
     return true;
   }
 
+  /** The store keys of the records held and not expired (scope and key), for inspection and tests. */
+  *keys(): IterableIterator<string> {
+    const now = Date.now();
+    for (const [key, entry] of this.#records) if (entry.expiresAt > now) yield key;
+  }
+
   async get(key: string): Promise<IdempotencyRecord | undefined> {
     const now = Date.now();
     const entry = this.#records.get(key);

@@ -27,6 +27,11 @@ export interface ReleaseEvent extends IdempotencyEvent {
 export interface CompleteEvent extends IdempotencyEvent {
   status: number;
 }
+/** A covered request carried credentials while the engine has no `scope` (reported once per engine). */
+export interface UnscopedCredentialsEvent {
+  /** The credential header seen: `'authorization'` or `'cookie'`. Its value is never passed. */
+  header: 'authorization' | 'cookie';
+}
 
 /**
  * Callbacks to observe what the engine decides. They run synchronously on the request path: keep them cheap.
@@ -49,6 +54,12 @@ export interface IdempotencyHooks {
   onComplete?(event: CompleteEvent): void;
   /** The key was released so the next request runs the handler again. */
   onRelease?(event: ReleaseEvent): void;
+  /**
+   * A covered request carried `Authorization` or `Cookie` and no `scope` is set: any client sending the same key
+   * would get this caller's stored response (docs/security.md). Called once per engine, beside a logged warning;
+   * never with `scope` set or `scope: false`.
+   */
+  onUnscopedCredentials?(event: UnscopedCredentialsEvent): void;
 }
 
 /**
@@ -70,8 +81,13 @@ export interface IdempotencyOptions<Req = unknown> {
   required?: boolean;
   /** Methods covered; others pass through untouched. Default: `['POST', 'PUT', 'PATCH']`. */
   methods?: readonly string[];
-  /** Namespace for keys (user, tenant, API key): the same key in two scopes names two records. Default: none. */
-  scope?: (req: Req) => string;
+  /**
+   * Namespace for keys (user, tenant, API key id): the same key in two scopes names two records. `false` says
+   * "one namespace for everyone, on purpose" and silences the warning logged once when a covered request carries
+   * `Authorization` or `Cookie` and no scope is set. `scopeByHeader('authorization', { secret })` scopes by a keyed
+   * hash of a credential header. Default: none (unscoped, with that warning).
+   */
+  scope?: ((req: Req) => string) | false;
   /** Request fingerprint for the reuse check, or `false` to disable it. Default: method + path + query + body. */
   fingerprint?: ((req: Req) => string) | false;
   /** While the key is held: `'reject'` answers 409/429, `{ wait }` waits that long to replay. Default: `'reject'`. */
@@ -107,7 +123,8 @@ export interface ResolvedOptions<Req> {
   maxKeyLength: number;
   required: boolean;
   methods: ReadonlySet<string>;
-  scope: ((req: Req) => string) | undefined;
+  /** `undefined`: not set (unscoped, warns on credentials); `false`: unscoped on purpose. */
+  scope: ((req: Req) => string) | false | undefined;
   fingerprint: ((req: Req) => string) | false | undefined;
   waitMs: number | undefined;
   inProgressStatus: 409 | 429;
@@ -187,7 +204,7 @@ export function resolveOptions<Req>(
       o.methods === undefined
         ? (base?.methods ?? new Set(['POST', 'PUT', 'PATCH']))
         : checkMethods(o.methods),
-    scope: o.scope === undefined ? base?.scope : checkFunction('scope', o.scope),
+    scope: o.scope === undefined ? base?.scope : checkScope(o.scope),
     fingerprint: o.fingerprint === undefined ? base?.fingerprint : checkFingerprint(o.fingerprint),
     waitMs: o.inProgress === undefined ? base?.waitMs : checkInProgress(o.inProgress),
     inProgressStatus:
@@ -281,6 +298,14 @@ function checkFunction<F>(name: string, value: F): F {
     throw new IdempotencyOptionsError(name, `must be a function; got ${typeof value}.`);
   }
   return value;
+}
+
+function checkScope<Req>(value: unknown): ((req: Req) => string) | false {
+  if (value === false || typeof value === 'function') return value as ((req: Req) => string) | false;
+  throw new IdempotencyOptionsError(
+    'scope',
+    `must be a function (req) => string such as (req) => req.user.id, or false for one namespace on purpose; got ${JSON.stringify(value)}.`,
+  );
 }
 
 function checkHeader(value: unknown): string {

@@ -323,3 +323,103 @@ describe('logging', () => {
     expect(line?.key).toBe('logged');
   });
 });
+
+describe('unscoped keys behind credentials', () => {
+  function credentialed(key: string, headers: Record<string, string>): HttpRequestInput<unknown> {
+    return { ...input(key), headers: { 'idempotency-key': key, ...headers } };
+  }
+  function watched(options: ConstructorParameters<typeof Idempotency>[0] = {}) {
+    const warnings: { obj: Record<string, unknown>; msg: string | undefined }[] = [];
+    const events: unknown[] = [];
+    const logger = {
+      debug() {},
+      info() {},
+      error() {},
+      warn: (obj: object, msg?: string) => void warnings.push({ obj: obj as Record<string, unknown>, msg }),
+    };
+    const engine = new Idempotency({
+      logger,
+      hooks: { onUnscopedCredentials: (event) => void events.push(event) },
+      ...options,
+    });
+    return { engine, warnings, events };
+  }
+
+  test('warns once per engine, naming the risk, the fix and the docs, then never again', async () => {
+    const { engine, warnings, events } = watched();
+    for (let i = 0; i < 5; i++) {
+      const execution = expectExecute(
+        await engine.handle(credentialed(`cred-${i}`, { authorization: 'Bearer secret-token' })),
+      );
+      await execution.complete(ok);
+    }
+    expectExecute(await engine.handle(credentialed('cookie-1', { cookie: 'session=abc' })));
+    expect(warnings).toHaveLength(1);
+    expect(warnings[0]?.obj.header).toBe('authorization');
+    expect(warnings[0]?.msg).toMatch(/without a scope/);
+    expect(warnings[0]?.msg).toMatch(/scope: false/);
+    expect(warnings[0]?.msg).toMatch(/scopeByHeader/);
+    expect(warnings[0]?.msg).toMatch(/oncely\.dev\/docs\/security/);
+    expect(JSON.stringify(warnings)).not.toContain('secret-token');
+    expect(events).toEqual([{ header: 'authorization' }]);
+  });
+
+  test('a Cookie header alone warns too', async () => {
+    const { engine, warnings, events } = watched();
+    expectExecute(await engine.handle(credentialed('c', { cookie: 'session=abc' })));
+    expect(warnings.map((w) => w.obj.header)).toEqual(['cookie']);
+    expect(events).toEqual([{ header: 'cookie' }]);
+  });
+
+  test('a plugin and its routes (with()) warn once between them', async () => {
+    const { engine, warnings } = watched();
+    const route = engine.with({ ttl: '1h' });
+    expectExecute(await route.handle(credentialed('r1', { authorization: 'Basic x' })));
+    expectExecute(await engine.handle(credentialed('r2', { authorization: 'Basic x' })));
+    expect(warnings).toHaveLength(1);
+  });
+
+  test.each([
+    ['scope: false', { scope: false as const }],
+    ['a scope function', { scope: () => 'user:1' }],
+  ])('%s: no warning', async (_name, options) => {
+    const { engine, warnings, events } = watched(options);
+    expectExecute(await engine.handle(credentialed('s', { authorization: 'Bearer t', cookie: 'a=b' })));
+    expect(warnings).toHaveLength(0);
+    expect(events).toHaveLength(0);
+  });
+
+  test('no warning for requests without credentials, without a key, or with a method not covered', async () => {
+    const { engine, warnings } = watched();
+    expectExecute(await engine.handle(credentialed('plain', { 'x-api-version': '2' })));
+    expect(
+      (await engine.handle({ ...input(undefined), headers: { authorization: 'Bearer t' } })).action,
+    ).toBe('pass');
+    expect(
+      (await engine.handle({ ...credentialed('get', { authorization: 'Bearer t' }), method: 'GET' })).action,
+    ).toBe('pass');
+    expect(warnings).toHaveLength(0);
+    // and the check stays armed: the first credentialed covered request still warns
+    expectExecute(await engine.handle(credentialed('now', { authorization: 'Bearer t' })));
+    expect(warnings).toHaveLength(1);
+  });
+
+  test('without a logger, the warning is a process warning with a code', async () => {
+    const emitWarning = jest.spyOn(process, 'emitWarning').mockImplementation(() => {});
+    try {
+      const engine = new Idempotency();
+      expectExecute(await engine.handle(credentialed('p1', { authorization: 'Bearer t' })));
+      expectExecute(await engine.handle(credentialed('p2', { authorization: 'Bearer t' })));
+      expect(emitWarning).toHaveBeenCalledTimes(1);
+      const [message, options] = emitWarning.mock.calls[0] as [string, { code: string }];
+      expect(message).toMatch(/without a scope/);
+      expect(options.code).toBe('ONCELY_UNSCOPED_CREDENTIALS');
+    } finally {
+      emitWarning.mockRestore();
+    }
+  });
+
+  test('scope must be a function or false', () => {
+    expect(() => new Idempotency({ scope: true as never })).toThrow(/option "scope" .*or false/);
+  });
+});

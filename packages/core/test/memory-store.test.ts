@@ -106,3 +106,11 @@ describe('MemoryStore specifics', () => {
     expect(() => new MemoryStore({ sweepInterval: 'soon' })).toThrow(/sweepInterval/);
   });
 });
+
+test('keys() lists the records held, leaving out those whose time ran out', async () => {
+  const store = new MemoryStore();
+  await store.acquire('short', { fingerprint: 'f', lockTimeoutMs: 1 });
+  await store.acquire('long', { fingerprint: 'f', lockTimeoutMs: 30_000 });
+  await new Promise((resolve) => setTimeout(resolve, 10));
+  expect([...store.keys()]).toEqual(['long']);
+});

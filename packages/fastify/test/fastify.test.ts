@@ -1,5 +1,5 @@
 import { Writable } from 'node:stream';
-import { IdempotencyOptionsError } from '@oncely/core';
+import { IdempotencyOptionsError, scopeByHeader } from '@oncely/core';
 import { brokenStore } from '@oncely/testing';
 import Fastify, { type FastifyInstance } from 'fastify';
 import idempotencyPluginDefault, { idempotencyPlugin } from '../src';
@@ -24,6 +24,46 @@ describe('@oncely/fastify specifics', () => {
     const replay = await post(app, '/default', 'k');
     expect(replay.headers['idempotent-replayed']).toBe('true');
     expect(runs).toBe(4);
+    await app.close();
+  });
+
+  test('credentials without a scope: a route with scope: false stays quiet, the plugin warns once for the rest', async () => {
+    const warnings: unknown[] = [];
+    const app = Fastify();
+    await app.register(idempotencyPlugin, {
+      hooks: { onUnscopedCredentials: (event) => void warnings.push(event) },
+    });
+    app.post('/public', { config: { idempotency: { scope: false } } }, async () => ({ ok: true }));
+    app.post('/a', async () => ({ ok: true }));
+    app.post('/b', async () => ({ ok: true }));
+    const send = (url: string, key: string) =>
+      app.inject({ method: 'POST', url, payload: {}, headers: { 'idempotency-key': key, cookie: 's=1' } });
+    await send('/public', 'p');
+    expect(warnings).toEqual([]);
+    await send('/a', 'a');
+    await send('/b', 'b');
+    expect(warnings).toEqual([{ header: 'cookie' }]);
+    await app.close();
+  });
+
+  test('scopeByHeader types as a Fastify scope and isolates API keys', async () => {
+    const app = Fastify();
+    await app.register(idempotencyPlugin, {
+      scope: scopeByHeader('x-api-key', { secret: 'fastify-test-secret-0123456789' }),
+    });
+    let runs = 0;
+    app.post('/charges', async () => ({ run: ++runs }));
+    const send = (apiKey: string) =>
+      app.inject({
+        method: 'POST',
+        url: '/charges',
+        payload: {},
+        headers: { 'idempotency-key': 'same', 'x-api-key': apiKey },
+      });
+    await send('k1');
+    await send('k2');
+    expect((await send('k1')).headers['idempotent-replayed']).toBe('true');
+    expect(runs).toBe(2);
     await app.close();
   });
 

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { IncomingHttpHeaders } from 'node:http';
 import { connect } from 'node:net';
-import type { IdempotencyOptions, IdempotencyStore, Logger } from '@oncely/core';
+import { type IdempotencyOptions, type IdempotencyStore, type Logger, scopeByHeader } from '@oncely/core';
 import request from 'supertest';
 
 /** What the suite's option callbacks may read from a request, whatever the framework. */
@@ -91,9 +91,12 @@ function binaryParser(res: request.Response, callback: (err: Error | null, body:
 }
 
 /** Records log calls, to prove that something was logged. */
-export function recordingLogger(): Logger & { lines: { level: string; msg: string | undefined }[] } {
-  const lines: { level: string; msg: string | undefined }[] = [];
-  const at = (level: string) => (_obj: object, msg?: string) => void lines.push({ level, msg });
+export function recordingLogger(): Logger & {
+  lines: { level: string; msg: string | undefined; obj: Record<string, unknown> }[];
+} {
+  const lines: { level: string; msg: string | undefined; obj: Record<string, unknown> }[] = [];
+  const at = (level: string) => (obj: object, msg?: string) =>
+    void lines.push({ level, msg, obj: obj as Record<string, unknown> });
   return { lines, debug: at('debug'), info: at('info'), warn: at('warn'), error: at('error') };
 }
 
@@ -698,6 +701,55 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
         expect(res.headers['content-type']).toMatch(/^application\/problem\+json/);
         expect(app.count('charges')).toBe(0);
         expect(logger.lines.some((l) => l.level === 'error')).toBe(true);
+      });
+    });
+
+    describe('credentials without a scope (docs/security.md)', () => {
+      const unscopedWarnings = (logger: ReturnType<typeof recordingLogger>) =>
+        logger.lines.filter((l) => l.level === 'warn' && /without a scope/.test(l.msg ?? ''));
+
+      test('one warning, naming the header, for requests with Authorization or Cookie; none after', async () => {
+        const logger = recordingLogger();
+        const app = await make({ logger });
+        const requests: [string, string][] = [
+          ['Authorization', 'Bearer token-of-user-a'],
+          ['Cookie', 'session=abc'],
+          ['Authorization', 'Bearer token-of-user-b'],
+        ];
+        for (const [name, value] of requests) {
+          await request(app.url).post('/charges').set(name, value).set('Idempotency-Key', newKey()).send({});
+        }
+        const warnings = unscopedWarnings(logger);
+        expect(warnings).toHaveLength(1);
+        expect(warnings[0]?.obj.header).toBe('authorization');
+        expect(JSON.stringify(logger.lines)).not.toContain('token-of-user');
+      });
+
+      test('no warning with scope: false, with a scope, or for requests without credentials', async () => {
+        for (const options of [{ scope: false as const }, { scope: () => 'tenant-1' }, {}]) {
+          const logger = recordingLogger();
+          const app = await make({ logger, ...options });
+          const credentials = options.scope === undefined ? {} : { Authorization: 'Bearer t', Cookie: 'a=b' };
+          await request(app.url).post('/charges').set(credentials).set('Idempotency-Key', newKey()).send({});
+          expect(unscopedWarnings(logger)).toEqual([]);
+        }
+      });
+
+      test('scopeByHeader: two API keys sending one key are two records; a retry replays its own', async () => {
+        const app = await make({
+          scope: scopeByHeader('authorization', { secret: 'http-suite-secret-0123456789' }),
+        });
+        const key = newKey();
+        const send = (apiKey: string) =>
+          request(app.url).post('/charges').set('Authorization', apiKey).set('Idempotency-Key', key).send({});
+        const a = await send('Bearer sk_A');
+        const b = await send('Bearer sk_B');
+        const retryA = await send('Bearer sk_A');
+        expect(b.headers['idempotent-replayed']).toBeUndefined();
+        expect(b.body).not.toEqual(a.body);
+        expect(retryA.headers['idempotent-replayed']).toBe('true');
+        expect(retryA.body).toEqual(a.body);
+        expect(app.count('charges')).toBe(2);
       });
     });
 
