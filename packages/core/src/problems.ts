@@ -10,6 +10,7 @@ export const PROBLEM_TYPES = {
   responseNotStored: 'https://oncely.dev/problems/response-not-stored',
   internal: 'https://oncely.dev/problems/internal-error',
   transactionFailed: 'https://oncely.dev/problems/transaction-failed',
+  bodyUnreadable: 'https://oncely.dev/problems/body-unreadable',
 } as const;
 
 export interface ProblemDetails {

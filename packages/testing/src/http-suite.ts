@@ -106,6 +106,22 @@ export function brokenStore(): IdempotencyStore {
   return { acquire: down, complete: down, release: down, renew: down };
 }
 
+/**
+ * The same harness with every app on `store()` (unless a test gives its own store, such as a broken one), so the
+ * whole suite runs on a shared store: `httpBehaviourSuite(onStore(harness, 'RedisStore', () => redisStore))`.
+ */
+export function onStore(
+  harness: AdapterHarness,
+  storeName: string,
+  store: () => IdempotencyStore,
+): AdapterHarness {
+  return {
+    name: `${harness.name} on ${storeName}`,
+    create: (options) =>
+      harness.create(options.store === undefined ? { ...options, store: store() } : options),
+  };
+}
+
 /** The HTTP behaviour of contract §3, identical for every adapter. */
 export function httpBehaviourSuite(harness: AdapterHarness): void {
   describe(`${harness.name}: HTTP behaviour (§3)`, () => {
@@ -516,20 +532,22 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
         expect(replay.headers['idempotent-replayed']).toBe('true');
 
         const custom = await make({ fingerprint: (req) => String(req.headers['x-version'] ?? '') });
+        // A key of its own: with a shared store (onStore) the first app's record would answer for the old one.
+        const customKey = newKey();
         await request(custom.url)
           .post('/charges')
-          .set('Idempotency-Key', key)
+          .set('Idempotency-Key', customKey)
           .set('x-version', '1')
           .send({ amount: 1 });
         const sameVersion = await request(custom.url)
           .post('/charges')
-          .set('Idempotency-Key', key)
+          .set('Idempotency-Key', customKey)
           .set('x-version', '1')
           .send({ amount: 9 });
         expect(sameVersion.headers['idempotent-replayed']).toBe('true');
         await request(custom.url)
           .post('/charges')
-          .set('Idempotency-Key', key)
+          .set('Idempotency-Key', customKey)
           .set('x-version', '2')
           .send({ amount: 1 })
           .expect(422);

@@ -11,6 +11,7 @@ export {
   expectedBinary,
   expectedStream,
   httpBehaviourSuite,
+  onStore,
   recordingLogger,
   type TestApp,
   type TestAppOptions,

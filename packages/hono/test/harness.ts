@@ -1,0 +1,118 @@
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { getRequestListener } from '@hono/node-server';
+import type { AdapterHarness, TestApp, TestAppOptions, TestRequest } from '@oncely/testing';
+import { type Context, Hono } from 'hono';
+import type { ContentfulStatusCode } from 'hono/utils/http-status';
+import { type HonoIdempotencyOptions, idempotency } from '../src';
+
+const later = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** The suite's callbacks read Node-style headers; the Hono adapter's get the Context. */
+export function asHonoOptions(options: TestAppOptions): HonoIdempotencyOptions {
+  const view = (c: Context): TestRequest => ({ headers: Object.fromEntries(c.req.raw.headers) });
+  const { scope, fingerprint, ...rest } = options;
+  return {
+    ...rest,
+    ...(scope === undefined ? {} : { scope: scope === false ? false : (c: Context) => scope(view(c)) }),
+    ...(typeof fingerprint === 'function'
+      ? { fingerprint: (c: Context) => fingerprint(view(c)) }
+      : fingerprint === false
+        ? { fingerprint: false }
+        : {}),
+  };
+}
+
+/** The suite's routes (see TestApp in @oncely/testing) on a Hono app with `app.use(idempotency())`. */
+export function honoHarness(name: string): AdapterHarness {
+  return {
+    name,
+    async create(options: TestAppOptions): Promise<TestApp> {
+      const counts = new Map<string, number>();
+      const count = (route: string) => {
+        const n = (counts.get(route) ?? 0) + 1;
+        counts.set(route, n);
+        return n;
+      };
+      const app = new Hono();
+      app.use(idempotency(asHonoOptions(options)));
+      app.on(['GET', 'POST', 'PUT', 'PATCH', 'DELETE'], '/charges', async (c) => {
+        const n = count('charges');
+        const text = await c.req.text();
+        const body = text === '' ? {} : (JSON.parse(text) as { amount?: number });
+        const delay = Number(c.req.query('delay') ?? 0);
+        if (delay > 0) await later(delay);
+        c.header('x-charge-id', String(n));
+        c.header('set-cookie', `session=${n}`);
+        return c.json(
+          { id: n, amount: body.amount ?? null },
+          c.req.method === 'GET' || c.req.method === 'DELETE' ? 200 : 201,
+        );
+      });
+      app.post('/status/:code', async (c) => {
+        const n = count('status');
+        const code = Number(c.req.param('code'));
+        const delay = Number(c.req.query('delay') ?? 0);
+        if (delay > 0) await later(delay);
+        return code === 204 ? c.body(null, 204) : c.json({ n }, code as ContentfulStatusCode);
+      });
+      app.post('/throw', (c) => {
+        count('throw');
+        const status = c.req.query('status');
+        throw Object.assign(new Error('boom'), status ? { status: Number(status) } : {});
+      });
+      app.post('/reject', async () => {
+        count('reject');
+        await new Promise((resolve) => setImmediate(resolve));
+        throw new Error('async boom');
+      });
+      app.post('/binary', (c) => {
+        count('binary');
+        const body = new Uint8Array(1024);
+        for (let i = 0; i < body.length; i++) body[i] = i % 256;
+        return c.body(body, 200, { 'content-type': 'application/octet-stream' });
+      });
+      app.post('/stream', (c) => {
+        count('stream');
+        const bytes = new Uint8Array(10_000);
+        for (let i = 0; i < bytes.length; i++) bytes[i] = (i * 7) % 256;
+        let i = 0;
+        const stream = new ReadableStream<Uint8Array>({
+          async pull(controller) {
+            if (i === 10) return controller.close();
+            await new Promise((resolve) => setImmediate(resolve));
+            controller.enqueue(bytes.slice(i * 1000, ++i * 1000));
+          },
+        });
+        return c.body(stream, 200, { 'content-type': 'application/octet-stream' });
+      });
+      app.post('/big', (c) => {
+        count('big');
+        return c.text('x'.repeat(Number(c.req.query('size'))));
+      });
+      app.post('/text', (c) => {
+        count('text');
+        return c.text('héllo wörld ✓');
+      });
+      app.post('/key', (c) => c.json({ key: c.get('idempotencyKey') ?? null }));
+      app.onError((error, c) => {
+        const status = (error as Error & { status?: number }).status ?? 500;
+        return c.json({ error: error.message }, status as ContentfulStatusCode);
+      });
+
+      const server = createServer(getRequestListener(app.fetch));
+      server.listen(0, '127.0.0.1');
+      await new Promise((resolve) => server.once('listening', resolve));
+      const { port } = server.address() as AddressInfo;
+      return {
+        url: `http://127.0.0.1:${port}`,
+        count: (route) => counts.get(route) ?? 0,
+        close: () =>
+          new Promise<void>((resolve) => {
+            server.closeAllConnections();
+            server.close(() => resolve());
+          }),
+      };
+    },
+  };
+}

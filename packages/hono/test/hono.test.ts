@@ -1,0 +1,99 @@
+import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
+import { Hono } from 'hono';
+import { idempotency } from '../src';
+
+const post = (app: Hono, path: string, key?: string, body = '{}', headers: Record<string, string> = {}) =>
+  app.request(path, {
+    method: 'POST',
+    body,
+    headers: {
+      'content-type': 'application/json',
+      ...(key === undefined ? {} : { 'idempotency-key': key }),
+      ...headers,
+    },
+  });
+
+describe('@oncely/hono specifics', () => {
+  test('on one route, required: a request without a key gets 400; the others are untouched', async () => {
+    const app = new Hono();
+    let runs = 0;
+    app.post('/charges', idempotency({ required: true }), (c) => c.json({ run: ++runs }, 201));
+    app.post('/plain', (c) => c.json({ run: ++runs }));
+    const missing = await post(app, '/charges');
+    expect(missing.status).toBe(400);
+    expect(((await missing.json()) as { type: string }).type).toBe('https://oncely.dev/problems/key-missing');
+    await post(app, '/charges', 'k');
+    expect((await post(app, '/charges', 'k')).headers.get('idempotent-replayed')).toBe('true');
+    await post(app, '/plain', 'k');
+    await post(app, '/plain', 'k');
+    expect(runs).toBe(3);
+  });
+
+  test('app-wide and on the route: the first takes the request, the second does not conflict with it', async () => {
+    const app = new Hono();
+    let runs = 0;
+    app.use(idempotency());
+    app.post('/charges', idempotency({ required: true }), (c) => c.json({ run: ++runs }, 201));
+    expect((await post(app, '/charges', 'twice')).status).toBe(201);
+    expect((await post(app, '/charges', 'twice')).headers.get('idempotent-replayed')).toBe('true');
+    expect(runs).toBe(1);
+  });
+
+  test('a middleware that read the body before oncely (a validator) leaves the fingerprint and the handler working', async () => {
+    const app = new Hono();
+    let runs = 0;
+    app.use(async (c, next) => {
+      await c.req.json(); // what @hono/zod-validator does: consumes the raw body through Hono's cache
+      await next();
+    });
+    app.use(idempotency());
+    app.post('/charges', async (c) => c.json({ run: ++runs, body: await c.req.json() }, 201));
+    const first = await post(app, '/charges', 'v', '{"a":1,"b":2}');
+    expect(await first.json()).toEqual({ run: 1, body: { a: 1, b: 2 } });
+    const replay = await post(app, '/charges', 'v', '{"b":2,"a":1}');
+    expect(replay.headers.get('idempotent-replayed')).toBe('true');
+    expect((await post(app, '/charges', 'v', '{"a":1,"b":3}')).status).toBe(422);
+    expect(runs).toBe(1);
+  });
+
+  test('scope receives the Context: a user set by an earlier middleware namespaces keys', async () => {
+    type AppEnv = { Variables: { user: string } };
+    const app = new Hono<AppEnv>();
+    let runs = 0;
+    app.use(async (c, next) => {
+      c.set('user', c.req.header('x-user') ?? 'anonymous');
+      await next();
+    });
+    app.use(idempotency<AppEnv>({ scope: (c) => `user:${c.get('user')}` }));
+    app.post('/charges', (c) => {
+      const key: string | undefined = c.get('idempotencyKey'); // typed through ContextVariableMap
+      return c.json({ run: ++runs, key }, 201);
+    });
+    const a = await post(app as unknown as Hono, '/charges', 'same', '{}', { 'x-user': 'a' });
+    const b = await post(app as unknown as Hono, '/charges', 'same', '{}', { 'x-user': 'b' });
+    expect(await a.json()).toEqual({ run: 1, key: 'same' });
+    expect(await b.json()).toEqual({ run: 2, key: 'same' });
+  });
+
+  test('headers set by an earlier middleware (CORS) reach replays too; Set-Cookie never does', async () => {
+    const app = new Hono();
+    app.use(async (c, next) => {
+      await next();
+      c.header('access-control-allow-origin', '*');
+    });
+    app.use(idempotency({ store: new MemoryStore() }));
+    app.post('/charges', (c) => {
+      c.header('set-cookie', 'session=1');
+      return c.json({ ok: true }, 201);
+    });
+    await post(app, '/charges', 'cors');
+    const replay = await post(app, '/charges', 'cors');
+    expect(replay.headers.get('idempotent-replayed')).toBe('true');
+    expect(replay.headers.get('access-control-allow-origin')).toBe('*');
+    expect(replay.headers.get('set-cookie')).toBeNull();
+  });
+
+  test('options are checked once, when the middleware is made', () => {
+    expect(() => idempotency({ lockTimeout: -1 })).toThrow(IdempotencyOptionsError);
+  });
+});

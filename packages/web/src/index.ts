@@ -1,0 +1,297 @@
+import {
+  type Execution,
+  Idempotency,
+  type IdempotencyContext,
+  type IdempotencyOptions,
+  type Logger,
+  PROBLEM_TYPES,
+  problemResponse,
+  type StoredResponse,
+} from '@oncely/core';
+
+/** Options of `withIdempotency`: the shared options (contract §2); `scope` and `fingerprint` get the `Request`. */
+export type WebIdempotencyOptions = IdempotencyOptions<Request>;
+
+/** A web-standard fetch handler; extra arguments (Cloudflare's `env`, Next.js's route context) pass through. */
+export type FetchHandler<Args extends unknown[] = []> = (
+  request: Request,
+  ...args: Args
+) => Response | Promise<Response>;
+
+// The context of each covered request, for the handler to read (idempotencyOf). A WeakMap: a Request may be
+// frozen or a platform object that refuses new properties, and nothing must outlive the request.
+const contexts = new WeakMap<Request, IdempotencyContext>();
+
+/** The key (and, in transactional mode, the transaction's client) of a request oncely covers; else `undefined`. */
+export function idempotencyOf(request: Request): IdempotencyContext | undefined {
+  return contexts.get(request);
+}
+
+/** The Idempotency-Key a covered request runs under (unquoted), or `undefined`. */
+export function idempotencyKeyOf(request: Request): string | undefined {
+  return contexts.get(request)?.key;
+}
+
+/**
+ * Wraps a fetch handler: `export const POST = withIdempotency(async (request) => Response.json(...))`. The first
+ * request with a key runs the handler, and its status, headers and body bytes are stored before the response is
+ * returned; a retry gets them back with `Idempotent-Replayed: true`. Options are checked here, once.
+ */
+export function withIdempotency<Args extends unknown[] = []>(
+  handler: FetchHandler<Args>,
+  options: WebIdempotencyOptions = {},
+): (request: Request, ...args: Args) => Promise<Response> {
+  if (typeof handler !== 'function') {
+    throw new TypeError(
+      'oncely: withIdempotency(handler, options) needs the fetch handler as its first argument.',
+    );
+  }
+  const engine = new Idempotency<Request>(options);
+  return function idempotentHandler(request: Request, ...args: Args): Promise<Response> {
+    return respondOnce(engine, { request, target: request }, async (context) => {
+      if (context !== undefined) contexts.set(request, context);
+      return handler(request, ...args);
+    });
+  };
+}
+
+/** What `respondOnce` needs to know about one request. */
+export interface WebExchange<Req> {
+  /** The request: its method, URL, headers and (unless `readBody` is given) body. */
+  request: Request;
+  /** What `scope` and `fingerprint` receive: the `Request` itself, Hono's `Context`. */
+  target: Req;
+  /** The body's bytes for the fingerprint, leaving the body readable by the handler. Default: a clone's bytes. */
+  readBody?: () => Promise<ArrayBuffer>;
+  /** Where this request's log lines go. Default: the `logger` option. */
+  log?: Logger;
+}
+
+/** What `run` returns when the handler failed but the framework already turned the error into a response. */
+export class HandlerFailure {
+  constructor(
+    /** The handler's error: the key is released, so a retry runs again. */
+    readonly error: unknown,
+    /** The response the framework made of it, sent as it is. */
+    readonly response: Response,
+  ) {}
+}
+
+/**
+ * The shared core of the web-standard adapters (`@oncely/web`, `@oncely/hono`): asks the engine about the request,
+ * and either answers (a replay, a problem) without calling `run`, or calls `run` and stores the `Response` it
+ * returns before returning one with the same bytes. `run` gets the key's context when the request is covered, and
+ * `undefined` when it passes through untouched. All policy stays in the engine.
+ */
+export async function respondOnce<Req>(
+  engine: Idempotency<Req>,
+  exchange: WebExchange<Req>,
+  run: (context: IdempotencyContext | undefined) => Promise<Response | HandlerFailure>,
+): Promise<Response> {
+  const { request, log } = exchange;
+  const o = engine.options;
+  // Cheap exits first, before any header copy or body read: most requests are not ours.
+  if (!o.methods.has(request.method) || (!o.required && !request.headers.has(o.header))) {
+    return settledResponse(await run(undefined));
+  }
+  let body: unknown;
+  if (o.fingerprint === undefined && request.body !== null) {
+    try {
+      body = await readBody(request, exchange.readBody);
+    } catch (error) {
+      (log ?? o.logger)?.warn({ err: error }, 'oncely: the request body could not be read');
+      return toResponse(
+        problemResponse({
+          type: PROBLEM_TYPES.bodyUnreadable,
+          title: 'Request body unreadable',
+          status: 400,
+          detail: 'The request body could not be read, so the request cannot be checked against its key.',
+        }),
+      );
+    }
+  }
+  const decision = await engine.handle(
+    {
+      method: request.method,
+      url: pathAndQuery(request.url),
+      headers: Object.fromEntries(request.headers),
+      body,
+      request: exchange.target,
+    },
+    log,
+  );
+  if (decision.action === 'pass') return settledResponse(await run(undefined));
+  if (decision.action === 'respond') return toResponse(decision.response);
+  const { execution } = decision;
+  let response: Response | HandlerFailure;
+  try {
+    response = await run({ key: execution.clientKey, db: execution.db });
+    if (response instanceof HandlerFailure) {
+      await execution.fail(response.error);
+      return response.response;
+    }
+    if (!isResponse(response)) {
+      throw new TypeError(
+        `oncely: the handler must return a Response; it returned ${response === null ? 'null' : typeof response}`,
+      );
+    }
+  } catch (error) {
+    await execution.fail(error);
+    throw error;
+  }
+  return capture(execution, response);
+}
+
+/** Stores the handler's response (or releases the key) and gives back one with the same bytes to send. */
+async function capture(execution: Execution, response: Response): Promise<Response> {
+  const headers = headerRecord(response.headers);
+  const init = { status: response.status, statusText: response.statusText, headers: response.headers };
+  if (response.body === null) {
+    const replacement = await execution.complete({ status: response.status, headers, body: EMPTY });
+    return replacement === undefined ? new Response(null, init) : toResponse(replacement);
+  }
+  const reader = response.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      chunks.push(value);
+      size += value.byteLength;
+      if (size > execution.bufferLimit) {
+        // Too big to keep: what was read and the rest stream through, and the end of the stream records the
+        // request as executed (a retry gets a 410, never a second run).
+        return new Response(continuation(execution, chunks, reader, response.status, headers), init);
+      }
+    }
+  } catch (error) {
+    // The body failed before any of it reached the client: as if the handler had thrown.
+    await execution.fail(error);
+    throw error;
+  }
+  const bytes = concat(chunks, size);
+  const replacement = await execution.complete({
+    status: response.status,
+    headers,
+    body: size <= execution.maxBodyBytes ? bytes : undefined,
+  });
+  return replacement === undefined ? new Response(bytes, init) : toResponse(replacement);
+}
+
+function continuation(
+  execution: Execution,
+  held: Uint8Array[],
+  reader: ReadableStreamDefaultReader<Uint8Array>,
+  status: number,
+  headers: Record<string, string | string[]>,
+): ReadableStream<Uint8Array> {
+  const executed = () => {
+    void execution.complete({ status, headers, body: undefined });
+  };
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      const next = held.shift();
+      if (next !== undefined) return controller.enqueue(next);
+      try {
+        const { done, value } = await reader.read();
+        if (done) {
+          executed();
+          controller.close();
+        } else controller.enqueue(value);
+      } catch (error) {
+        // Part of the response was sent: the handler ran, so the key is kept as executed, not released.
+        executed();
+        controller.error(error);
+      }
+    },
+    cancel(reason) {
+      // The client went away mid-body: same as above, and stop producing the rest.
+      executed();
+      return reader.cancel(reason);
+    },
+  });
+}
+
+const EMPTY = new Uint8Array(0);
+const JSON_TYPE = /^application\/(?:[\w.+-]*\+)?json\s*(?:;|$)/i;
+
+/**
+ * The body as the fingerprint should see it. JSON is parsed, so that key order does not matter and the record
+ * matches one made by the Express or Fastify adapter (which hash the parsed body) for the same request; anything
+ * else, or JSON that does not parse, is hashed as its bytes. By default read from a clone, so the handler reads the original.
+ */
+async function readBody(request: Request, read: (() => Promise<ArrayBuffer>) | undefined): Promise<unknown> {
+  const bytes = new Uint8Array(await (read === undefined ? request.clone().arrayBuffer() : read()));
+  if (bytes.byteLength === 0) return undefined;
+  const type = request.headers.get('content-type');
+  if (type !== null && JSON_TYPE.test(type)) {
+    try {
+      return JSON.parse(new TextDecoder().decode(bytes));
+    } catch {
+      return bytes;
+    }
+  }
+  return bytes;
+}
+
+/** `https://host/a/b?c=1` → `/a/b?c=1`, without a URL object per request. */
+function pathAndQuery(url: string): string {
+  const scheme = url.indexOf('://');
+  if (scheme === -1) return url;
+  const path = url.indexOf('/', scheme + 3);
+  if (path === -1) return '/';
+  const hash = url.indexOf('#', path);
+  return hash === -1 ? url.slice(path) : url.slice(path, hash);
+}
+
+function headerRecord(headers: Headers): Record<string, string | string[]> {
+  const out: Record<string, string | string[]> = {};
+  // Iteration gives lower-case names and joins repeated ones, except Set-Cookie, which comes once per cookie.
+  for (const [name, value] of headers) {
+    const seen = out[name];
+    out[name] = seen === undefined ? value : Array.isArray(seen) ? [...seen, value] : [seen, value];
+  }
+  return out;
+}
+
+// Statuses whose Response may not have a body (the constructor throws).
+const NULL_BODY = new Set([101, 103, 204, 205, 304]);
+
+/** A stored response, or one of the engine's problem answers, as a `Response`. */
+export function toResponse(stored: StoredResponse): Response {
+  const headers = new Headers();
+  for (const name in stored.headers) {
+    const value = stored.headers[name];
+    if (Array.isArray(value)) for (const item of value) headers.append(name, item);
+    else if (value !== undefined) headers.set(name, value as string);
+  }
+  return new Response(NULL_BODY.has(stored.status) ? null : stored.body, { status: stored.status, headers });
+}
+
+function settledResponse(result: Response | HandlerFailure): Response {
+  return result instanceof HandlerFailure ? result.response : result;
+}
+
+function isResponse(value: unknown): value is Response {
+  // Not instanceof: a Response from another realm or polyfill is still one.
+  return (
+    value instanceof Response ||
+    (typeof value === 'object' &&
+      value !== null &&
+      typeof (value as Response).status === 'number' &&
+      typeof (value as Response).headers?.get === 'function' &&
+      'body' in value)
+  );
+}
+
+function concat(chunks: readonly Uint8Array[], size: number): Uint8Array {
+  if (chunks.length === 1) return chunks[0] as Uint8Array;
+  const out = new Uint8Array(size);
+  let offset = 0;
+  for (const chunk of chunks) {
+    out.set(chunk, offset);
+    offset += chunk.byteLength;
+  }
+  return out;
+}

@@ -1,0 +1,127 @@
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { getRequestListener } from '@hono/node-server';
+import type { AdapterHarness, TestApp, TestAppOptions, TestRequest } from '@oncely/testing';
+import { idempotencyKeyOf, type WebIdempotencyOptions, withIdempotency } from '../src';
+
+function streamBytes(): Uint8Array {
+  const body = new Uint8Array(10_000);
+  for (let i = 0; i < body.length; i++) body[i] = (i * 7) % 256;
+  return body;
+}
+
+const later = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** The suite's callbacks read Node-style headers; a fetch handler's scope gets a Request. */
+export function asWebOptions(options: TestAppOptions): WebIdempotencyOptions {
+  const view = (request: Request): TestRequest => ({ headers: Object.fromEntries(request.headers) });
+  const { scope, fingerprint, ...rest } = options;
+  return {
+    ...rest,
+    ...(scope === undefined ? {} : { scope: scope === false ? false : (request) => scope(view(request)) }),
+    ...(typeof fingerprint === 'function'
+      ? { fingerprint: (request: Request) => fingerprint(view(request)) }
+      : fingerprint === false
+        ? { fingerprint: false }
+        : {}),
+  };
+}
+
+/** The suite's routes (see TestApp in @oncely/testing) as one fetch handler wrapped by withIdempotency. */
+export function webHarness(name: string): AdapterHarness {
+  return {
+    name,
+    async create(options: TestAppOptions): Promise<TestApp> {
+      const counts = new Map<string, number>();
+      const count = (route: string) => {
+        const n = (counts.get(route) ?? 0) + 1;
+        counts.set(route, n);
+        return n;
+      };
+      const routes = async (request: Request): Promise<Response> => {
+        const url = new URL(request.url);
+        const delay = Number(url.searchParams.get('delay') ?? 0);
+        const path = url.pathname;
+        if (path === '/charges') {
+          const n = count('charges');
+          const text = await request.text();
+          const body = text === '' ? {} : (JSON.parse(text) as { amount?: number });
+          if (delay > 0) await later(delay);
+          const headers = new Headers({ 'x-charge-id': String(n), 'set-cookie': `session=${n}` });
+          const status = request.method === 'GET' || request.method === 'DELETE' ? 200 : 201;
+          return Response.json({ id: n, amount: body.amount ?? null }, { status, headers });
+        }
+        if (path.startsWith('/status/')) {
+          const n = count('status');
+          const code = Number(path.slice('/status/'.length));
+          if (delay > 0) await later(delay);
+          return code === 204 ? new Response(null, { status: 204 }) : Response.json({ n }, { status: code });
+        }
+        if (path === '/throw') {
+          count('throw');
+          const status = url.searchParams.get('status');
+          throw Object.assign(new Error('boom'), status ? { status: Number(status) } : {});
+        }
+        if (path === '/reject') {
+          count('reject');
+          await new Promise((resolve) => setImmediate(resolve));
+          throw new Error('async boom');
+        }
+        if (path === '/binary') {
+          count('binary');
+          const body = new Uint8Array(1024);
+          for (let i = 0; i < body.length; i++) body[i] = i % 256;
+          return new Response(body, { headers: { 'content-type': 'application/octet-stream' } });
+        }
+        if (path === '/stream') {
+          count('stream');
+          const bytes = streamBytes();
+          let i = 0;
+          const stream = new ReadableStream<Uint8Array>({
+            async pull(controller) {
+              if (i === 10) return controller.close();
+              await new Promise((resolve) => setImmediate(resolve));
+              controller.enqueue(bytes.slice(i * 1000, ++i * 1000));
+            },
+          });
+          return new Response(stream, { headers: { 'content-type': 'application/octet-stream' } });
+        }
+        if (path === '/big') {
+          count('big');
+          return new Response('x'.repeat(Number(url.searchParams.get('size'))), {
+            headers: { 'content-type': 'text/plain' },
+          });
+        }
+        if (path === '/text') {
+          count('text');
+          return new Response('héllo wörld ✓', { headers: { 'content-type': 'text/plain; charset=utf-8' } });
+        }
+        if (path === '/key') return Response.json({ key: idempotencyKeyOf(request) ?? null });
+        return new Response('not found', { status: 404 });
+      };
+      const handler = withIdempotency(routes, asWebOptions(options));
+      // The application's error handler, outside oncely: what a thrown error becomes.
+      const app = async (request: Request): Promise<Response> => {
+        try {
+          return await handler(request);
+        } catch (error) {
+          const { message, status } = error as Error & { status?: number };
+          return Response.json({ error: message }, { status: status ?? 500 });
+        }
+      };
+      const server = createServer(getRequestListener(app));
+      server.listen(0, '127.0.0.1');
+      await new Promise((resolve) => server.once('listening', resolve));
+      const { port } = server.address() as AddressInfo;
+      return {
+        url: `http://127.0.0.1:${port}`,
+        count: (route) => counts.get(route) ?? 0,
+        close: () =>
+          new Promise<void>((resolve) => {
+            server.closeAllConnections();
+            server.close(() => resolve());
+          }),
+      };
+    },
+  };
+}

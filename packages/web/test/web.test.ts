@@ -1,0 +1,125 @@
+import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
+import { idempotency } from '@oncely/express';
+import express from 'express';
+import request from 'supertest';
+import { idempotencyOf, withIdempotency } from '../src';
+
+const post = (
+  path: string,
+  key: string | undefined,
+  body: string | ReadableStream<Uint8Array> | null = '{}',
+  headers = {},
+) =>
+  new Request(`http://localhost${path}`, {
+    method: 'POST',
+    body,
+    headers: {
+      'content-type': 'application/json',
+      ...(key === undefined ? {} : { 'idempotency-key': key }),
+      ...headers,
+    },
+    ...(body instanceof ReadableStream ? { duplex: 'half' } : {}),
+  } as RequestInit);
+
+describe('@oncely/web specifics', () => {
+  test('extra arguments (env, ctx, a route context) reach the handler unchanged', async () => {
+    const seen: unknown[] = [];
+    const handler = withIdempotency(async (_request: Request, env: { name: string }, ctx: number) => {
+      seen.push(env, ctx);
+      return Response.json({ ok: true }, { status: 201 });
+    });
+    const env = { name: 'env' };
+    await handler(post('/a', 'k1'), env, 7);
+    const replay = await handler(post('/a', 'k1'), env, 7);
+    expect(replay.headers.get('idempotent-replayed')).toBe('true');
+    expect(seen).toEqual([env, 7]);
+  });
+
+  test('the handler reads the body itself after oncely read a copy, and reads its context', async () => {
+    const handler = withIdempotency(async (request) =>
+      Response.json({ body: await request.json(), context: idempotencyOf(request) }),
+    );
+    const res = await handler(post('/a', '"quoted-key"', '{"amount":5}'));
+    expect(await res.json()).toEqual({ body: { amount: 5 }, context: { key: 'quoted-key' } });
+  });
+
+  test('a handler that returns something else than a Response throws, and the key is released', async () => {
+    let runs = 0;
+    const handler = withIdempotency((async () => {
+      runs++;
+      return { status: 200 };
+    }) as unknown as (request: Request) => Promise<Response>);
+    await expect(handler(post('/a', 'bad'))).rejects.toThrow(/must return a Response/);
+    await expect(handler(post('/a', 'bad'))).rejects.toThrow(/must return a Response/);
+    expect(runs).toBe(2);
+  });
+
+  test('a request body that fails while oncely reads it: 400 body-unreadable, handler not run', async () => {
+    let runs = 0;
+    const handler = withIdempotency(async () => {
+      runs++;
+      return new Response('ok');
+    });
+    const broken = new ReadableStream<Uint8Array>({
+      pull(controller) {
+        controller.error(new Error('connection reset'));
+      },
+    });
+    const res = await handler(post('/a', 'broken', broken));
+    expect(res.status).toBe(400);
+    expect(res.headers.get('content-type')).toMatch(/^application\/problem\+json/);
+    expect(((await res.json()) as { type: string }).type).toBe('https://oncely.dev/problems/body-unreadable');
+    expect(runs).toBe(0);
+  });
+
+  test('a client that stops reading a body too large to keep: recorded as executed, the retry gets 410', async () => {
+    let runs = 0;
+    const handler = withIdempotency(
+      async () => {
+        runs++;
+        let sent = 0;
+        return new Response(
+          new ReadableStream<Uint8Array>({
+            pull(controller) {
+              if (sent++ === 100) controller.close();
+              else controller.enqueue(new Uint8Array(1000));
+            },
+          }),
+        );
+      },
+      { maxBodyBytes: 2000 },
+    );
+    const first = await handler(post('/a', 'big'));
+    const reader = (first.body as ReadableStream<Uint8Array>).getReader();
+    await reader.read();
+    await reader.cancel('client went away');
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    const retry = await handler(post('/a', 'big'));
+    expect(retry.status).toBe(410);
+    expect(runs).toBe(1);
+  });
+
+  test('a record made by the Express adapter replays for the same JSON request here (one fingerprint)', async () => {
+    const store = new MemoryStore();
+    const app = express();
+    let runs = 0;
+    app.use(express.json());
+    app.use(idempotency({ store }));
+    app.post('/charges', (_req, res) => void res.status(201).json({ run: ++runs }));
+    await request(app).post('/charges').set('Idempotency-Key', 'shared').send({ b: 2, a: 1 }).expect(201);
+    const handler = withIdempotency(async () => Response.json({ run: ++runs }, { status: 201 }), { store });
+    const replay = await handler(post('/charges', 'shared', '{ "a": 1, "b": 2 }'));
+    expect(replay.headers.get('idempotent-replayed')).toBe('true');
+    expect(await replay.json()).toEqual({ run: 1 });
+    const other = await handler(post('/charges', 'shared', '{"a":1,"b":3}'));
+    expect(other.status).toBe(422);
+    expect(runs).toBe(1);
+  });
+
+  test('options are checked once, at wrap time, naming the option', () => {
+    expect(() => withIdempotency(async () => new Response(), { ttl: 'soon' as never })).toThrow(
+      IdempotencyOptionsError,
+    );
+    expect(() => withIdempotency(undefined as never)).toThrow(/fetch handler/);
+  });
+});
