@@ -15,6 +15,7 @@ import type { Framework, Services, StoreName } from './src/config';
 import { type DynamoSetup, setupDynamo } from './src/dynamo-setup';
 import {
   buildMatrix,
+  FRAMEWORK_LABEL,
   type HttpCase,
   type LoadOptions,
   type Measurement,
@@ -41,7 +42,7 @@ import {
 import type { StoreBenchConfig, StoreBenchResult } from './src/store-bench-types';
 
 const HELP = `pnpm bench [flags]
-  --framework express,fastify     frameworks (default: both)
+  --framework express,fastify,hono frameworks (default: all three)
   --store memory,redis,postgres   oncely stores (default: all, and dynamodb when packages/dynamodb is built)
   --scenario first,replay,nokey   scenarios besides the bare framework (default: all)
   --peers / --no-peers            the npm peers on Express (default: on when memory or redis is measured)
@@ -145,9 +146,10 @@ const microConcurrency = 32;
 const countOps = smoke ? 20 : 200;
 const replayKeys = 100;
 
-const frameworks = list(args.framework, ['express', 'fastify'] as const, 'framework') ?? [
+const frameworks = list(args.framework, ['express', 'fastify', 'hono'] as const, 'framework') ?? [
   'express',
   'fastify',
+  'hono',
 ];
 const scenarios = list(args.scenario, SCENARIOS, 'scenario') ?? [...SCENARIOS];
 const requestedStores = list(args.store, ['memory', 'redis', 'postgres', 'dynamodb'] as const, 'store');
@@ -343,13 +345,13 @@ try {
       results.tripsCounter = privateRedis
         ? 'a private redis-server'
         : `the shared Redis at ${redisUrl}, filtered by key`;
-      // One server of each kind that uses Redis: oncely on Express and on Fastify, and the peers.
+      // One server of each kind that uses Redis: oncely on each framework, and the peers.
       const seen = new Set<string>();
       for (const c of cases) {
         if (!('store' in c.kind) || c.kind.store !== 'redis') continue;
         const subject =
           c.kind.impl === 'oncely'
-            ? `oncely on ${c.kind.framework === 'express' ? 'Express' : 'Fastify'}`
+            ? `oncely on ${FRAMEWORK_LABEL[c.kind.framework]}`
             : c.subject.replace(/ \+ Redis$/, '');
         if (seen.has(subject)) continue;
         seen.add(subject);

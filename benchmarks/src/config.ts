@@ -1,11 +1,11 @@
 // What the runner tells a server or store-benchmark child (as JSON in the BENCH_CONFIG environment variable).
 
-export type Framework = 'express' | 'fastify';
+export type Framework = 'express' | 'fastify' | 'hono';
 /** oncely's stores; 'none' is the bare framework. */
 export type StoreName = 'memory' | 'redis' | 'postgres' | 'dynamodb';
 
 export type ServerKind =
-  /** Express or Fastify with no idempotency middleware. */
+  /** Express, Fastify or Hono (on @hono/node-server) with no idempotency middleware. */
   | { impl: 'bare'; framework: Framework }
   | { impl: 'oncely'; framework: Framework; store: StoreName }
   /** express-idempotency on Express 5, with its default in-memory adapter or express-idempotency-redis-adapter. */

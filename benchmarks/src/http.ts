@@ -13,7 +13,7 @@ import { PATH, REQUEST_BODY } from './route';
 export type Scenario = 'bare' | 'first' | 'replay' | 'nokey';
 export const SCENARIOS: readonly Scenario[] = ['first', 'replay', 'nokey'];
 
-export type Group = 'express' | 'fastify' | 'peers';
+export type Group = 'express' | 'fastify' | 'hono' | 'peers';
 
 export interface HttpCase {
   id: string;
@@ -34,7 +34,11 @@ export const STORE_LABEL: Record<StoreName | 'none', string> = {
   none: 'none',
 };
 
-const FRAMEWORK_LABEL: Record<Framework, string> = { express: 'Express', fastify: 'Fastify' };
+export const FRAMEWORK_LABEL: Record<Framework, string> = {
+  express: 'Express',
+  fastify: 'Fastify',
+  hono: 'Hono',
+};
 
 export interface MatrixOptions {
   frameworks: Framework[];

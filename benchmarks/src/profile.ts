@@ -42,6 +42,7 @@ export function areaOf(url: string, name: string): string {
   if (/\/packages\/core\//.test(url) || /@oncely\/core/.test(url)) return 'oncely core';
   if (/\/packages\/express\//.test(url) || /@oncely\/express/.test(url)) return 'oncely express';
   if (/\/packages\/fastify\//.test(url) || /@oncely\/fastify/.test(url)) return 'oncely fastify';
+  if (/\/packages\/(?:web|hono)\//.test(url) || /@oncely\/(?:web|hono)/.test(url)) return 'oncely web/hono';
   if (/\/packages\/redis\//.test(url) || /@oncely\/redis/.test(url)) return 'oncely redis';
   if (/\/packages\/postgres\//.test(url) || /@oncely\/postgres/.test(url)) return 'oncely postgres';
   if (/\/packages\/dynamodb\//.test(url) || /@oncely\/dynamodb/.test(url)) return 'oncely dynamodb';
@@ -57,6 +58,7 @@ export function areaOf(url: string, name: string): string {
     if (name.includes('fastify') || name === 'find-my-way' || name === 'light-my-request' || name === 'avvio')
       return `framework (${name})`;
     if (name.startsWith('@nestjs') || name === 'rxjs') return `framework (${name})`;
+    if (name === 'hono' || name === '@hono/node-server') return `framework (${name})`;
     return `npm: ${name}`;
   }
   if (url.startsWith('node:')) {

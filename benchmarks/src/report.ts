@@ -1,7 +1,7 @@
 // docs/benchmarks.md and docs/benchmarks.svg from one run's results. The hand-written analysis of the last
 // published run lives in benchmarks/notes.md and is included as it is.
 import { existsSync, readFileSync } from 'node:fs';
-import type { Scenario } from './http';
+import { FRAMEWORK_LABEL, type Scenario } from './http';
 import type { ProfileSummary } from './profile';
 import {
   type CaseResult,
@@ -85,6 +85,7 @@ export function renderMarkdown(results: RunResults, svgName: string, notesPath: 
   const groups = {
     express: results.http.filter((r) => r.case.group === 'express'),
     fastify: results.http.filter((r) => r.case.group === 'fastify'),
+    hono: results.http.filter((r) => r.case.group === 'hono'),
     peers: results.http.filter((r) => r.case.group === 'peers'),
   };
   const targets = evaluateTargets(results);
@@ -155,6 +156,7 @@ export function renderMarkdown(results: RunResults, svgName: string, notesPath: 
   for (const [group, title] of [
     ['express', 'Express 5'],
     ['fastify', 'Fastify 5'],
+    ['hono', 'Hono 4 (@hono/node-server)'],
   ] as const) {
     if (groups[group].length === 0) continue;
     out.push(`## HTTP: ${title}`);
@@ -326,10 +328,10 @@ export function renderSvg(results: RunResults): string {
   }
   const groups: Group[] = [];
   const seen = new Map<string, Group>();
-  const order = ['express', 'fastify', 'peers'];
+  const order = ['express', 'fastify', 'hono', 'peers'];
   const sorted = [...results.http].sort((a, b) => order.indexOf(a.case.group) - order.indexOf(b.case.group));
   for (const r of sorted) {
-    const framework = r.case.group === 'peers' ? '' : r.case.group === 'express' ? 'Express' : 'Fastify';
+    const framework = r.case.group === 'peers' ? '' : FRAMEWORK_LABEL[r.case.group];
     const label =
       r.case.scenario === 'bare'
         ? `${r.case.subject.replace(/^bare /, '')} (bare)`

@@ -121,6 +121,8 @@ export function evaluateTargets(results: RunResults): Target[] {
   ratioTarget('fastify', 'memory', 'replay', 0.95, 'Fastify + Memory');
   ratioTarget('express', 'memory', 'first', 0.9, 'Express + Memory');
   ratioTarget('express', 'memory', 'replay', 0.95, 'Express + Memory');
+  ratioTarget('hono', 'memory', 'first', 0.85, 'Hono + Memory');
+  ratioTarget('hono', 'memory', 'replay', 0.95, 'Hono + Memory');
   ratioTarget('fastify', 'redis', 'first', 0.6, 'Fastify + Redis');
   ratioTarget('fastify', 'redis', 'replay', 0.8, 'Fastify + Redis');
   for (const scenario of ['first', 'replay'] as const) {

@@ -86,6 +86,22 @@ async function startFastify(kind: ServerKind, services: Services): Promise<Serve
   return fastify.server;
 }
 
+async function startHono(kind: ServerKind, services: Services): Promise<Server> {
+  const { Hono } = await import('hono');
+  const { createServer } = await import('node:http');
+  const { getRequestListener } = await import('@hono/node-server');
+  const app = new Hono();
+  if (kind.impl === 'oncely') {
+    const { idempotency } = await import('@oncely/hono');
+    const opened = await openStore(kind.store, services);
+    app.use(idempotency({ store: opened.store }));
+    closeAll = () => opened.close();
+  }
+  app.post(PATH, async (c) => c.json(charge(await c.req.json<ChargeRequest>()), 201));
+  const server = createServer(getRequestListener(app.fetch));
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)));
+}
+
 async function start(): Promise<Server> {
   if (kind.impl === 'nest') {
     const { startNest } = await import('./nest-app');
@@ -94,6 +110,7 @@ async function start(): Promise<Server> {
     return server;
   }
   if (kind.impl === 'express-idempotency') return startExpress(kind, services);
+  if (kind.framework === 'hono') return startHono(kind, services);
   return kind.framework === 'fastify' ? startFastify(kind, services) : startExpress(kind, services);
 }
 

@@ -1,5 +1,5 @@
 import { Idempotency, type IdempotencyContext, type IdempotencyOptions } from '@oncely/core';
-import { HandlerFailure, respondOnce } from '@oncely/web';
+import { HandlerFailure, KnownBody, respondOnce } from '@oncely/web';
 import type { Context, Env, MiddlewareHandler } from 'hono';
 
 /**
@@ -47,24 +47,76 @@ export function idempotency<E extends Env = Env>(
       {
         request: raw,
         target: c,
-        // A validator before us may have read the body through Hono's cache (which consumes the raw body); read
-        // it from there then, otherwise from a clone, so that both c.req.json() and c.req.raw stay readable.
-        readBody: () => (raw.bodyUsed ? c.req.arrayBuffer() : raw.clone().arrayBuffer()),
+        // Through Hono's body cache, as its validators read it: the handler's c.req.json() then parses the text
+        // read here instead of reading the stream again. A clone (two more streams) cost ~20% of a request.
+        readBody: (json) => (json ? c.req.text() : c.req.arrayBuffer()),
       },
       async (context) => {
         ran = true;
-        if (context !== undefined) {
-          held.add(raw);
-          c.set('idempotencyKey', context.key);
-          c.set('idempotency', context);
+        if (context === undefined) {
+          await next();
+          return c.res;
         }
+        held.add(raw);
+        c.set('idempotencyKey', context.key);
+        c.set('idempotency', context);
+        const known = watchBody(c);
         await next();
         // Hono turned an error of the handler into c.res through onError: send that, and release the key.
-        if (context !== undefined && c.error !== undefined) return new HandlerFailure(c.error, c.res);
-        return c.res;
+        if (c.error !== undefined) return new HandlerFailure(c.error, c.res);
+        const res = c.res;
+        return known.response === res && known.body !== undefined ? new KnownBody(res, known.body) : res;
       },
     );
     if (!ran) return response; // a replay or a problem: Hono sends what the middleware returns
-    if (response !== c.res) c.res = response;
+    if (response !== c.res) {
+      // Unset first: over an existing response, Hono's setter re-wraps the new one (a Response and a stream more)
+      // to copy the old one's headers, which \`response\` already has.
+      c.res = undefined as unknown as Response;
+      c.res = response;
+    }
   };
+}
+
+const encoder = new TextEncoder();
+
+/**
+ * Notes the body a handler gives `c.json`, `c.text` or `c.body` as text or bytes, with the Response made of it.
+ * When that Response is the one sent, its bytes are stored without reading its stream: on @hono/node-server a
+ * Response made from a string is written straight to the socket, and reading its stream first builds an undici
+ * Response and two web streams (most of oncely's cost per request on Hono, docs/benchmarks.md).
+ */
+function watchBody(c: Context): { response: Response | undefined; body: Uint8Array | undefined } {
+  const known: { response: Response | undefined; body: Uint8Array | undefined } = {
+    response: undefined,
+    body: undefined,
+  };
+  const note = (response: Response, body: Uint8Array | undefined): Response => {
+    known.response = response;
+    known.body = body;
+    return response;
+  };
+  const { json, text, body } = c;
+  c.json = ((object: unknown, ...rest: unknown[]) =>
+    // Stringified here too, at the same moment, so the stored bytes are the ones sent.
+    note(
+      (json as (...a: unknown[]) => Response)(object, ...rest),
+      encoder.encode(JSON.stringify(object)),
+    )) as typeof c.json;
+  c.text = ((value: string, ...rest: unknown[]) =>
+    note((text as (...a: unknown[]) => Response)(value, ...rest), encoder.encode(value))) as typeof c.text;
+  c.body = ((data: unknown, ...rest: unknown[]) =>
+    note(
+      (body as (...a: unknown[]) => Response)(data, ...rest),
+      typeof data === 'string'
+        ? encoder.encode(data)
+        : data instanceof Uint8Array
+          ? data
+          : data instanceof ArrayBuffer
+            ? new Uint8Array(data)
+            : data === null
+              ? new Uint8Array(0)
+              : undefined,
+    )) as typeof c.body;
+  return known;
 }

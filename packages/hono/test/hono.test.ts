@@ -1,5 +1,6 @@
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
 import { Hono } from 'hono';
+import { compress } from 'hono/compress';
 import { idempotency } from '../src';
 
 const post = (app: Hono, path: string, key?: string, body = '{}', headers: Record<string, string> = {}) =>
@@ -91,6 +92,19 @@ describe('@oncely/hono specifics', () => {
     expect(replay.headers.get('idempotent-replayed')).toBe('true');
     expect(replay.headers.get('access-control-allow-origin')).toBe('*');
     expect(replay.headers.get('set-cookie')).toBeNull();
+  });
+
+  test('compress() outside oncely: the stored body is plain, each replay is encoded for the client asking', async () => {
+    const app = new Hono();
+    app.use(compress({ threshold: 0 }));
+    app.use(idempotency());
+    app.post('/charges', (c) => c.json({ text: 'x'.repeat(2000) }, 201));
+    const first = await post(app, '/charges', 'gz', '{}', { 'accept-encoding': 'gzip' });
+    expect(first.headers.get('content-encoding')).toBe('gzip');
+    const plain = await post(app, '/charges', 'gz', '{}', { 'accept-encoding': 'identity' });
+    expect(plain.headers.get('idempotent-replayed')).toBe('true');
+    expect(plain.headers.get('content-encoding')).toBeNull();
+    expect(((await plain.json()) as { text: string }).text).toHaveLength(2000);
   });
 
   test('options are checked once, when the middleware is made', () => {

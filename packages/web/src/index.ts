@@ -61,8 +61,11 @@ export interface WebExchange<Req> {
   request: Request;
   /** What `scope` and `fingerprint` receive: the `Request` itself, Hono's `Context`. */
   target: Req;
-  /** The body's bytes for the fingerprint, leaving the body readable by the handler. Default: a clone's bytes. */
-  readBody?: () => Promise<ArrayBuffer>;
+  /**
+   * The body for the fingerprint, leaving it readable by the handler: its bytes, or its text when `json` is true.
+   * Default: a clone's bytes.
+   */
+  readBody?: (json: boolean) => Promise<ArrayBuffer | string>;
   /** Where this request's log lines go. Default: the `logger` option. */
   log?: Logger;
 }
@@ -78,6 +81,17 @@ export class HandlerFailure {
 }
 
 /**
+ * What `run` returns when the adapter already knows the bytes of the response's body (Hono's `c.json(...)` gave
+ * them): they are stored as they are, and the response goes out untouched, its body stream never read.
+ */
+export class KnownBody {
+  constructor(
+    readonly response: Response,
+    readonly body: Uint8Array,
+  ) {}
+}
+
+/**
  * The shared core of the web-standard adapters (`@oncely/web`, `@oncely/hono`): asks the engine about the request,
  * and either answers (a replay, a problem) without calling `run`, or calls `run` and stores the `Response` it
  * returns before returning one with the same bytes. `run` gets the key's context when the request is covered, and
@@ -86,7 +100,7 @@ export class HandlerFailure {
 export async function respondOnce<Req>(
   engine: Idempotency<Req>,
   exchange: WebExchange<Req>,
-  run: (context: IdempotencyContext | undefined) => Promise<Response | HandlerFailure>,
+  run: (context: IdempotencyContext | undefined) => Promise<Response | HandlerFailure | KnownBody>,
 ): Promise<Response> {
   const { request, log } = exchange;
   const o = engine.options;
@@ -95,7 +109,9 @@ export async function respondOnce<Req>(
     return settledResponse(await run(undefined));
   }
   let body: unknown;
-  if (o.fingerprint === undefined && request.body !== null) {
+  // With a readBody of its own, the adapter reads the body; `request.body` is not touched, since on
+  // @hono/node-server reading it builds a full undici Request and its streams (~30% of a request).
+  if (o.fingerprint === undefined && (exchange.readBody !== undefined || request.body !== null)) {
     try {
       body = await readBody(request, exchange.readBody);
     } catch (error) {
@@ -123,12 +139,21 @@ export async function respondOnce<Req>(
   if (decision.action === 'pass') return settledResponse(await run(undefined));
   if (decision.action === 'respond') return toResponse(decision.response);
   const { execution } = decision;
-  let response: Response | HandlerFailure;
+  let response: Response | HandlerFailure | KnownBody;
   try {
     response = await run({ key: execution.clientKey, db: execution.db });
     if (response instanceof HandlerFailure) {
       await execution.fail(response.error);
       return response.response;
+    }
+    if (response instanceof KnownBody) {
+      const { body } = response;
+      const replacement = await execution.complete({
+        status: response.response.status,
+        headers: headerRecord(response.response.headers),
+        body: body.byteLength <= execution.maxBodyBytes ? body : undefined,
+      });
+      return replacement === undefined ? response.response : toResponse(replacement);
     }
     if (!isResponse(response)) {
       throw new TypeError(
@@ -221,18 +246,22 @@ const JSON_TYPE = /^application\/(?:[\w.+-]*\+)?json\s*(?:;|$)/i;
  * matches one made by the Express or Fastify adapter (which hash the parsed body) for the same request; anything
  * else, or JSON that does not parse, is hashed as its bytes. By default read from a clone, so the handler reads the original.
  */
-async function readBody(request: Request, read: (() => Promise<ArrayBuffer>) | undefined): Promise<unknown> {
-  const bytes = new Uint8Array(await (read === undefined ? request.clone().arrayBuffer() : read()));
-  if (bytes.byteLength === 0) return undefined;
+async function readBody(
+  request: Request,
+  read: ((json: boolean) => Promise<ArrayBuffer | string>) | undefined,
+): Promise<unknown> {
   const type = request.headers.get('content-type');
-  if (type !== null && JSON_TYPE.test(type)) {
-    try {
-      return JSON.parse(new TextDecoder().decode(bytes));
-    } catch {
-      return bytes;
-    }
+  const json = type !== null && JSON_TYPE.test(type);
+  const data = read === undefined ? await request.clone().arrayBuffer() : await read(json);
+  // A string is hashed as its UTF-8 bytes, as the same bytes would be.
+  const body = typeof data === 'string' ? data : new Uint8Array(data);
+  if ((typeof body === 'string' ? body.length : body.byteLength) === 0) return undefined;
+  if (!json) return body;
+  try {
+    return JSON.parse(typeof body === 'string' ? body : new TextDecoder().decode(body));
+  } catch {
+    return body;
   }
-  return bytes;
 }
 
 /** `https://host/a/b?c=1` → `/a/b?c=1`, without a URL object per request. */
@@ -260,17 +289,24 @@ const NULL_BODY = new Set([101, 103, 204, 205, 304]);
 
 /** A stored response, or one of the engine's problem answers, as a `Response`. */
 export function toResponse(stored: StoredResponse): Response {
+  const body = NULL_BODY.has(stored.status) ? null : stored.body;
+  let repeated = false;
+  for (const name in stored.headers) if (Array.isArray(stored.headers[name])) repeated = true;
+  // A plain object when every header has one value (nearly always): @hono/node-server writes those straight to
+  // Node's response; a Headers object it converts first.
+  if (!repeated)
+    return new Response(body, { status: stored.status, headers: stored.headers as Record<string, string> });
   const headers = new Headers();
   for (const name in stored.headers) {
     const value = stored.headers[name];
     if (Array.isArray(value)) for (const item of value) headers.append(name, item);
     else if (value !== undefined) headers.set(name, value as string);
   }
-  return new Response(NULL_BODY.has(stored.status) ? null : stored.body, { status: stored.status, headers });
+  return new Response(body, { status: stored.status, headers });
 }
 
-function settledResponse(result: Response | HandlerFailure): Response {
-  return result instanceof HandlerFailure ? result.response : result;
+function settledResponse(result: Response | HandlerFailure | KnownBody): Response {
+  return result instanceof HandlerFailure || result instanceof KnownBody ? result.response : result;
 }
 
 function isResponse(value: unknown): value is Response {
