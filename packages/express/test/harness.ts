@@ -1,5 +1,11 @@
-import type { AddressInfo } from 'node:net';
-import type { AdapterHarness, TestApp, TestAppOptions } from '@oncely/testing';
+import { createServer } from 'node:http';
+import {
+  type AdapterHarness,
+  routeCounts,
+  serveTestApp,
+  type TestApp,
+  type TestAppOptions,
+} from '@oncely/testing';
 import type { Express, NextFunction, Request, Response } from 'express';
 import { idempotency } from '../src';
 
@@ -19,12 +25,7 @@ export function expressHarness(name: string, express: ExpressFactory): AdapterHa
   return {
     name,
     async create(options: TestAppOptions): Promise<TestApp> {
-      const counts = new Map<string, number>();
-      const count = (route: string) => {
-        const n = (counts.get(route) ?? 0) + 1;
-        counts.set(route, n);
-        return n;
-      };
+      const { hit: count, count: counted } = routeCounts();
       const app = express();
       app.use(express.json());
       app.use(idempotency(options));
@@ -90,18 +91,7 @@ export function expressHarness(name: string, express: ExpressFactory): AdapterHa
       app.use((err: Error & { status?: number }, _req: Request, res: Response, _next: NextFunction) => {
         res.status(err.status ?? 500).json({ error: err.message });
       });
-      const server = app.listen(0, '127.0.0.1');
-      await new Promise((resolve) => server.once('listening', resolve));
-      const { port } = server.address() as AddressInfo;
-      return {
-        url: `http://127.0.0.1:${port}`,
-        count: (route) => counts.get(route) ?? 0,
-        close: () =>
-          new Promise<void>((resolve) => {
-            server.closeAllConnections();
-            server.close(() => resolve());
-          }),
-      };
+      return serveTestApp(createServer(app), counted);
     },
   };
 }

@@ -1,5 +1,5 @@
 import { Readable } from 'node:stream';
-import type { AdapterHarness, TestApp, TestAppOptions } from '@oncely/testing';
+import { type AdapterHarness, routeCounts, type TestApp, type TestAppOptions } from '@oncely/testing';
 import Fastify from 'fastify';
 import { idempotencyPlugin } from '../src';
 
@@ -15,12 +15,7 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 export const fastifyHarness: AdapterHarness = {
   name: 'Fastify 5',
   async create(options: TestAppOptions): Promise<TestApp> {
-    const counts = new Map<string, number>();
-    const count = (route: string) => {
-      const n = (counts.get(route) ?? 0) + 1;
-      counts.set(route, n);
-      return n;
-    };
+    const { hit: count, count: counted } = routeCounts();
     const app = Fastify();
     await app.register(idempotencyPlugin, options);
     app.setErrorHandler((error: Error & { status?: number }, _request, reply) => {
@@ -96,7 +91,7 @@ export const fastifyHarness: AdapterHarness = {
     const port = typeof address === 'object' && address !== null ? address.port : 0;
     return {
       url: `http://127.0.0.1:${port}`,
-      count: (route) => counts.get(route) ?? 0,
+      count: counted,
       close: async () => {
         app.server.closeAllConnections();
         await app.close();

@@ -1,41 +1,31 @@
 import { createServer } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { getRequestListener } from '@hono/node-server';
-import type { AdapterHarness, TestApp, TestAppOptions, TestRequest } from '@oncely/testing';
+import {
+  type AdapterHarness,
+  routeCounts,
+  serveTestApp,
+  type TestApp,
+  type TestAppOptions,
+  viewOptions,
+} from '@oncely/testing';
 import { type Context, Hono } from 'hono';
 import type { ContentfulStatusCode } from 'hono/utils/http-status';
-import { type HonoIdempotencyOptions, idempotency } from '../src';
+import { idempotency } from '../src';
 
 const later = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
-/** The suite's callbacks read Node-style headers; the Hono adapter's get the Context. */
-export function asHonoOptions(options: TestAppOptions): HonoIdempotencyOptions {
-  const view = (c: Context): TestRequest => ({ headers: Object.fromEntries(c.req.raw.headers) });
-  const { scope, fingerprint, ...rest } = options;
-  return {
-    ...rest,
-    ...(scope === undefined ? {} : { scope: scope === false ? false : (c: Context) => scope(view(c)) }),
-    ...(typeof fingerprint === 'function'
-      ? { fingerprint: (c: Context) => fingerprint(view(c)) }
-      : fingerprint === false
-        ? { fingerprint: false }
-        : {}),
-  };
-}
 
 /** The suite's routes (see TestApp in @oncely/testing) on a Hono app with `app.use(idempotency())`. */
 export function honoHarness(name: string): AdapterHarness {
   return {
     name,
     async create(options: TestAppOptions): Promise<TestApp> {
-      const counts = new Map<string, number>();
-      const count = (route: string) => {
-        const n = (counts.get(route) ?? 0) + 1;
-        counts.set(route, n);
-        return n;
-      };
+      const { hit: count, count: counted } = routeCounts();
       const app = new Hono();
-      app.use(idempotency(asHonoOptions(options)));
+      app.use(
+        idempotency(
+          viewOptions(options, (c: Context) => ({ headers: Object.fromEntries(c.req.raw.headers) })),
+        ),
+      );
       app.on(['GET', 'POST', 'PUT', 'PATCH', 'DELETE'], '/charges', async (c) => {
         const n = count('charges');
         const text = await c.req.text();
@@ -101,18 +91,7 @@ export function honoHarness(name: string): AdapterHarness {
       });
 
       const server = createServer(getRequestListener(app.fetch));
-      server.listen(0, '127.0.0.1');
-      await new Promise((resolve) => server.once('listening', resolve));
-      const { port } = server.address() as AddressInfo;
-      return {
-        url: `http://127.0.0.1:${port}`,
-        count: (route) => counts.get(route) ?? 0,
-        close: () =>
-          new Promise<void>((resolve) => {
-            server.closeAllConnections();
-            server.close(() => resolve());
-          }),
-      };
+      return serveTestApp(server, counted);
     },
   };
 }

@@ -1,8 +1,14 @@
 import { createServer } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { getRequestListener } from '@hono/node-server';
-import type { AdapterHarness, TestApp, TestAppOptions, TestRequest } from '@oncely/testing';
-import { idempotencyKeyOf, type WebIdempotencyOptions, withIdempotency } from '../src';
+import {
+  type AdapterHarness,
+  routeCounts,
+  serveTestApp,
+  type TestApp,
+  type TestAppOptions,
+  viewOptions,
+} from '@oncely/testing';
+import { idempotencyKeyOf, withIdempotency } from '../src';
 
 function streamBytes(): Uint8Array {
   const body = new Uint8Array(10_000);
@@ -12,32 +18,12 @@ function streamBytes(): Uint8Array {
 
 const later = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
-/** The suite's callbacks read Node-style headers; a fetch handler's scope gets a Request. */
-export function asWebOptions(options: TestAppOptions): WebIdempotencyOptions {
-  const view = (request: Request): TestRequest => ({ headers: Object.fromEntries(request.headers) });
-  const { scope, fingerprint, ...rest } = options;
-  return {
-    ...rest,
-    ...(scope === undefined ? {} : { scope: scope === false ? false : (request) => scope(view(request)) }),
-    ...(typeof fingerprint === 'function'
-      ? { fingerprint: (request: Request) => fingerprint(view(request)) }
-      : fingerprint === false
-        ? { fingerprint: false }
-        : {}),
-  };
-}
-
 /** The suite's routes (see TestApp in @oncely/testing) as one fetch handler wrapped by withIdempotency. */
 export function webHarness(name: string): AdapterHarness {
   return {
     name,
     async create(options: TestAppOptions): Promise<TestApp> {
-      const counts = new Map<string, number>();
-      const count = (route: string) => {
-        const n = (counts.get(route) ?? 0) + 1;
-        counts.set(route, n);
-        return n;
-      };
+      const { hit: count, count: counted } = routeCounts();
       const routes = async (request: Request): Promise<Response> => {
         const url = new URL(request.url);
         const delay = Number(url.searchParams.get('delay') ?? 0);
@@ -99,7 +85,10 @@ export function webHarness(name: string): AdapterHarness {
         if (path === '/key') return Response.json({ key: idempotencyKeyOf(request) ?? null });
         return new Response('not found', { status: 404 });
       };
-      const handler = withIdempotency(routes, asWebOptions(options));
+      const handler = withIdempotency(
+        routes,
+        viewOptions(options, (request: Request) => ({ headers: Object.fromEntries(request.headers) })),
+      );
       // The application's error handler, outside oncely: what a thrown error becomes.
       const app = async (request: Request): Promise<Response> => {
         try {
@@ -110,18 +99,7 @@ export function webHarness(name: string): AdapterHarness {
         }
       };
       const server = createServer(getRequestListener(app));
-      server.listen(0, '127.0.0.1');
-      await new Promise((resolve) => server.once('listening', resolve));
-      const { port } = server.address() as AddressInfo;
-      return {
-        url: `http://127.0.0.1:${port}`,
-        count: (route) => counts.get(route) ?? 0,
-        close: () =>
-          new Promise<void>((resolve) => {
-            server.closeAllConnections();
-            server.close(() => resolve());
-          }),
-      };
+      return serveTestApp(server, counted);
     },
   };
 }

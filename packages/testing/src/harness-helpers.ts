@@ -1,0 +1,49 @@
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { IdempotencyOptions } from '@oncely/core';
+import type { TestApp, TestAppOptions, TestRequest } from './http-suite';
+
+/** Counts handler runs per route: `hit(route)` in a handler, `count(route)` for `TestApp.count`. */
+export function routeCounts(): { hit(route: string): number; count(route: string): number } {
+  const counts = new Map<string, number>();
+  return {
+    hit(route) {
+      const n = (counts.get(route) ?? 0) + 1;
+      counts.set(route, n);
+      return n;
+    },
+    count: (route) => counts.get(route) ?? 0,
+  };
+}
+
+/** Listens on a free port of 127.0.0.1 and gives the suite its `TestApp`; `close` drops open connections. */
+export async function serveTestApp(server: Server, count: (route: string) => number): Promise<TestApp> {
+  server.listen(0, '127.0.0.1');
+  await new Promise((resolve) => server.once('listening', resolve));
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    count,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
+  };
+}
+
+/**
+ * The suite's options for an adapter whose `scope` and `fingerprint` get another request type (a web `Request`,
+ * Hono's `Context`): the suite's callbacks read Node-style headers, so they get `view(request)`.
+ */
+export function viewOptions<Req>(
+  options: TestAppOptions,
+  view: (request: Req) => TestRequest,
+): IdempotencyOptions<Req> {
+  const { scope, fingerprint, ...rest } = options;
+  const adapted: IdempotencyOptions<Req> = { ...rest };
+  if (scope !== undefined) adapted.scope = scope === false ? false : (request) => scope(view(request));
+  if (fingerprint !== undefined)
+    adapted.fingerprint = fingerprint === false ? false : (request) => fingerprint(view(request));
+  return adapted;
+}
