@@ -20,6 +20,9 @@ export const ALWAYS_EXCLUDED_HEADERS: readonly string[] = [
   'x-oncely-body-omitted',
 ];
 
+/** RFC 9110 token characters: what a header name (or a method) may be made of. */
+export const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+
 export type OutgoingHeaderValue = number | string | readonly string[] | undefined;
 
 /** Copies the headers worth replaying: names lower-cased, numbers as strings, excluded names dropped. */

@@ -1,6 +1,6 @@
 import { type Duration, parseDuration } from './duration';
 import { IdempotencyOptionsError } from './errors';
-import { ALWAYS_EXCLUDED_HEADERS } from './headers';
+import { ALWAYS_EXCLUDED_HEADERS, TOKEN } from './headers';
 import type { Logger } from './logger';
 import { MemoryStore } from './memory-store';
 import type { IdempotencyStore, TransactionalIdempotencyStore } from './store';
@@ -157,9 +157,6 @@ const KNOWN_OPTIONS = new Set([
   'hooks',
   'transactional',
 ]);
-
-// RFC 9110 token characters: what a header name may be made of.
-const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 
 const defaultCacheable = (status: number): boolean => status < 500;
 

@@ -1,5 +1,6 @@
 import { createHmac } from 'node:crypto';
 import { IdempotencyOptionsError } from './errors';
+import { TOKEN } from './headers';
 
 /** A request whose headers `scopeByHeader` can read: Node's lower-cased header object, or a web `Headers`. */
 export interface RequestWithHeaders {
@@ -17,9 +18,6 @@ export interface ScopeByHeaderOptions {
    */
   secret: string | Uint8Array;
 }
-
-// RFC 9110 token characters: what a header name may be made of.
-const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 
 /**
  * A `scope` for the case where a credential header identifies the caller and stays the same between a request and

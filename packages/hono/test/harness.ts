@@ -2,6 +2,8 @@ import { createServer } from 'node:http';
 import { getRequestListener } from '@hono/node-server';
 import {
   type AdapterHarness,
+  expectedBinary,
+  expectedWebStream,
   routeCounts,
   serveTestApp,
   type TestApp,
@@ -58,23 +60,11 @@ export function honoHarness(name: string): AdapterHarness {
       });
       app.post('/binary', (c) => {
         count('binary');
-        const body = new Uint8Array(1024);
-        for (let i = 0; i < body.length; i++) body[i] = i % 256;
-        return c.body(body, 200, { 'content-type': 'application/octet-stream' });
+        return c.body(new Uint8Array(expectedBinary()), 200, { 'content-type': 'application/octet-stream' });
       });
       app.post('/stream', (c) => {
         count('stream');
-        const bytes = new Uint8Array(10_000);
-        for (let i = 0; i < bytes.length; i++) bytes[i] = (i * 7) % 256;
-        let i = 0;
-        const stream = new ReadableStream<Uint8Array>({
-          async pull(controller) {
-            if (i === 10) return controller.close();
-            await new Promise((resolve) => setImmediate(resolve));
-            controller.enqueue(bytes.slice(i * 1000, ++i * 1000));
-          },
-        });
-        return c.body(stream, 200, { 'content-type': 'application/octet-stream' });
+        return c.body(expectedWebStream(), 200, { 'content-type': 'application/octet-stream' });
       });
       app.post('/big', (c) => {
         count('big');

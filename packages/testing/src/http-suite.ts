@@ -52,6 +52,19 @@ export function expectedStream(): Buffer {
   return body;
 }
 
+/** `expectedStream()` as the web stream a fetch handler returns: 10 chunks of 1000 bytes, a turn of the event loop apart. */
+export function expectedWebStream(): ReadableStream<Uint8Array> {
+  const bytes = expectedStream();
+  let i = 0;
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      if (i === 10) return controller.close();
+      await new Promise((resolve) => setImmediate(resolve));
+      controller.enqueue(bytes.subarray(i * 1000, ++i * 1000));
+    },
+  });
+}
+
 /** Sends a POST whose Idempotency-Key header is exactly `keyBytes`, bypassing client-side header checks. */
 function rawPost(url: string, path: string, keyBytes: Buffer): Promise<number> {
   const { hostname, port } = new URL(url);

@@ -11,6 +11,7 @@ export {
   brokenStore,
   expectedBinary,
   expectedStream,
+  expectedWebStream,
   httpBehaviourSuite,
   onStore,
   recordingLogger,

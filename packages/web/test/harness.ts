@@ -2,6 +2,8 @@ import { createServer } from 'node:http';
 import { getRequestListener } from '@hono/node-server';
 import {
   type AdapterHarness,
+  expectedBinary,
+  expectedWebStream,
   routeCounts,
   serveTestApp,
   type TestApp,
@@ -9,12 +11,6 @@ import {
   viewOptions,
 } from '@oncely/testing';
 import { idempotencyKeyOf, withIdempotency } from '../src';
-
-function streamBytes(): Uint8Array {
-  const body = new Uint8Array(10_000);
-  for (let i = 0; i < body.length; i++) body[i] = (i * 7) % 256;
-  return body;
-}
 
 const later = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -55,22 +51,13 @@ export function webHarness(name: string): AdapterHarness {
         }
         if (path === '/binary') {
           count('binary');
-          const body = new Uint8Array(1024);
-          for (let i = 0; i < body.length; i++) body[i] = i % 256;
-          return new Response(body, { headers: { 'content-type': 'application/octet-stream' } });
+          return new Response(expectedBinary(), { headers: { 'content-type': 'application/octet-stream' } });
         }
         if (path === '/stream') {
           count('stream');
-          const bytes = streamBytes();
-          let i = 0;
-          const stream = new ReadableStream<Uint8Array>({
-            async pull(controller) {
-              if (i === 10) return controller.close();
-              await new Promise((resolve) => setImmediate(resolve));
-              controller.enqueue(bytes.slice(i * 1000, ++i * 1000));
-            },
+          return new Response(expectedWebStream(), {
+            headers: { 'content-type': 'application/octet-stream' },
           });
-          return new Response(stream, { headers: { 'content-type': 'application/octet-stream' } });
         }
         if (path === '/big') {
           count('big');
