@@ -42,7 +42,7 @@ import {
 import type { StoreBenchConfig, StoreBenchResult } from './src/store-bench-types';
 
 const HELP = `pnpm bench [flags]
-  --framework express,fastify,hono frameworks (default: all three)
+  --framework express,fastify,hono,koa,nest frameworks (default: all five)
   --store memory,redis,postgres   oncely stores (default: all, and dynamodb when packages/dynamodb is built)
   --scenario first,replay,nokey   scenarios besides the bare framework (default: all)
   --peers / --no-peers            the npm peers on Express (default: on when memory or redis is measured)
@@ -146,11 +146,11 @@ const microConcurrency = 32;
 const countOps = smoke ? 20 : 200;
 const replayKeys = 100;
 
-const frameworks = list(args.framework, ['express', 'fastify', 'hono'] as const, 'framework') ?? [
-  'express',
-  'fastify',
-  'hono',
-];
+const frameworks = list(
+  args.framework,
+  ['express', 'fastify', 'hono', 'koa', 'nest'] as const,
+  'framework',
+) ?? ['express', 'fastify', 'hono', 'koa', 'nest'];
 const scenarios = list(args.scenario, SCENARIOS, 'scenario') ?? [...SCENARIOS];
 const requestedStores = list(args.store, ['memory', 'redis', 'postgres', 'dynamodb'] as const, 'store');
 const notes: string[] = [];

@@ -1,17 +1,20 @@
 // What the runner tells a server or store-benchmark child (as JSON in the BENCH_CONFIG environment variable).
 
-export type Framework = 'express' | 'fastify' | 'hono';
+export type Framework = 'express' | 'fastify' | 'hono' | 'koa' | 'nest';
 /** oncely's stores; 'none' is the bare framework. */
 export type StoreName = 'memory' | 'redis' | 'postgres' | 'dynamodb';
 
 export type ServerKind =
-  /** Express, Fastify or Hono (on @hono/node-server) with no idempotency middleware. */
+  /**
+   * Express, Fastify, Hono (on @hono/node-server), Koa (with @koa/bodyparser) or NestJS 11 (on
+   * @nestjs/platform-express) with no idempotency middleware; oncely through its adapter for each.
+   */
   | { impl: 'bare'; framework: Framework }
   | { impl: 'oncely'; framework: Framework; store: StoreName }
   /** express-idempotency on Express 5, with its default in-memory adapter or express-idempotency-redis-adapter. */
   | { impl: 'express-idempotency'; store: 'memory' | 'redis' }
-  /** A NestJS 10 app on @nestjs/platform-express, without (store 'none') or with @node-idempotency/nestjs. */
-  | { impl: 'nest'; store: 'none' | 'memory' | 'redis' };
+  /** The same NestJS 11 app with @node-idempotency/nestjs. */
+  | { impl: 'nest'; store: 'memory' | 'redis' };
 
 export interface Services {
   /** Redis URL for the stores that need it. */

@@ -13,7 +13,7 @@ import { PATH, REQUEST_BODY } from './route';
 export type Scenario = 'bare' | 'first' | 'replay' | 'nokey';
 export const SCENARIOS: readonly Scenario[] = ['first', 'replay', 'nokey'];
 
-export type Group = 'express' | 'fastify' | 'hono' | 'peers';
+export type Group = 'express' | 'fastify' | 'hono' | 'koa' | 'nest' | 'peers';
 
 export interface HttpCase {
   id: string;
@@ -38,6 +38,8 @@ export const FRAMEWORK_LABEL: Record<Framework, string> = {
   express: 'Express',
   fastify: 'Fastify',
   hono: 'Hono',
+  koa: 'Koa',
+  nest: 'NestJS',
 };
 
 export interface MatrixOptions {
@@ -86,14 +88,16 @@ export function buildMatrix(options: MatrixOptions): HttpCase[] {
           baseline: 'express/bare',
         });
       }
-      cases.push({
-        id: 'nest/bare',
-        group: 'peers',
-        subject: 'bare NestJS (Express 4)',
-        scenario: 'bare',
-        kind: { impl: 'nest', store: 'none' },
-        baseline: 'nest/bare',
-      });
+      if (!options.frameworks.includes('nest')) {
+        cases.push({
+          id: 'nest/bare',
+          group: 'nest',
+          subject: 'bare NestJS',
+          scenario: 'bare',
+          kind: { impl: 'bare', framework: 'nest' },
+          baseline: 'nest/bare',
+        });
+      }
       for (const store of peerStores) {
         for (const scenario of options.scenarios) {
           cases.push({

@@ -43,6 +43,8 @@ export function areaOf(url: string, name: string): string {
   if (/\/packages\/express\//.test(url) || /@oncely\/express/.test(url)) return 'oncely express';
   if (/\/packages\/fastify\//.test(url) || /@oncely\/fastify/.test(url)) return 'oncely fastify';
   if (/\/packages\/(?:web|hono)\//.test(url) || /@oncely\/(?:web|hono)/.test(url)) return 'oncely web/hono';
+  if (/\/packages\/koa\//.test(url) || /@oncely\/koa/.test(url)) return 'oncely koa';
+  if (/\/packages\/nestjs\//.test(url) || /@oncely\/nestjs/.test(url)) return 'oncely nestjs';
   if (/\/packages\/redis\//.test(url) || /@oncely\/redis/.test(url)) return 'oncely redis';
   if (/\/packages\/postgres\//.test(url) || /@oncely\/postgres/.test(url)) return 'oncely postgres';
   if (/\/packages\/dynamodb\//.test(url) || /@oncely\/dynamodb/.test(url)) return 'oncely dynamodb';
@@ -59,6 +61,8 @@ export function areaOf(url: string, name: string): string {
       return `framework (${name})`;
     if (name.startsWith('@nestjs') || name === 'rxjs') return `framework (${name})`;
     if (name === 'hono' || name === '@hono/node-server') return `framework (${name})`;
+    if (name === 'koa' || name.startsWith('@koa/') || name === 'co-body' || name === 'koa-compose')
+      return `framework (${name})`;
     return `npm: ${name}`;
   }
   if (url.startsWith('node:')) {

@@ -45,7 +45,10 @@ function httpRows(results: RunResults, cases: CaseResult[], withOncely = false):
       const ours =
         store === undefined || store === 'none' || r.case.scenario === 'bare'
           ? undefined
-          : findCase(results, `express/oncely-${store}/${r.case.scenario}`);
+          : // @node-idempotency/nestjs against oncely on the same Nest app (when measured), the others against Express.
+            ((r.case.kind.impl === 'nest'
+              ? findCase(results, `nest/oncely-${store}/${r.case.scenario}`)
+              : undefined) ?? findCase(results, `express/oncely-${store}/${r.case.scenario}`));
       row.push(ours === undefined ? '' : `${(ours.median.rps / r.median.rps).toFixed(2)}×`);
     }
     return row;
@@ -86,6 +89,8 @@ export function renderMarkdown(results: RunResults, svgName: string, notesPath: 
     express: results.http.filter((r) => r.case.group === 'express'),
     fastify: results.http.filter((r) => r.case.group === 'fastify'),
     hono: results.http.filter((r) => r.case.group === 'hono'),
+    koa: results.http.filter((r) => r.case.group === 'koa'),
+    nest: results.http.filter((r) => r.case.group === 'nest'),
     peers: results.http.filter((r) => r.case.group === 'peers'),
   };
   const targets = evaluateTargets(results);
@@ -157,6 +162,8 @@ export function renderMarkdown(results: RunResults, svgName: string, notesPath: 
     ['express', 'Express 5'],
     ['fastify', 'Fastify 5'],
     ['hono', 'Hono 4 (@hono/node-server)'],
+    ['koa', 'Koa 3 (@koa/bodyparser)'],
+    ['nest', 'NestJS 11 (@nestjs/platform-express)'],
   ] as const) {
     if (groups[group].length === 0) continue;
     out.push(`## HTTP: ${title}`);
@@ -174,7 +181,7 @@ export function renderMarkdown(results: RunResults, svgName: string, notesPath: 
     out.push(
       [
         "- `express-idempotency` 1.0.6 on Express 5.3: `app.use(idempotency({ dataAdapter }))` and `getSharedIdempotencyService().isHit(req)` in the handler (the middleware calls `next()` after a replay too); memory is its default in-memory adapter, Redis is `express-idempotency-redis-adapter` 1.0.8 (node-redis v4), as the adapter's README shows. Its replay sends no replay marker; it looks a record up, then creates it (two commands, not atomic), and stores the response after sending it, without waiting.",
-        "- `@node-idempotency/nestjs` 1.0.4 on NestJS 10.4 with `@nestjs/platform-express` (Express 4 inside Nest): `NodeIdempotencyModule.forRootAsync({ storage: { adapter: 'memory' | 'redis', options } })` and `@Idempotent()` on the handler; Redis is its `redis` (node-redis v4) adapter. Compared with a bare NestJS app, since Nest itself costs a lot over plain Express.",
+        "- `@node-idempotency/nestjs` 1.0.4 on NestJS 11.2 with `@nestjs/platform-express` (Express 5 inside Nest; its declared peer range stops at NestJS 10, and it runs unchanged on 11): `NodeIdempotencyModule.forRootAsync({ storage: { adapter: 'memory' | 'redis', options } })` and `@Idempotent()` on the handler; Redis is its `redis` (node-redis v4) adapter. Compared with a bare NestJS app, since Nest itself costs a lot over plain Express.",
       ].join('\n'),
     );
     out.push('');
@@ -328,7 +335,7 @@ export function renderSvg(results: RunResults): string {
   }
   const groups: Group[] = [];
   const seen = new Map<string, Group>();
-  const order = ['express', 'fastify', 'hono', 'peers'];
+  const order = ['express', 'fastify', 'hono', 'koa', 'nest', 'peers'];
   const sorted = [...results.http].sort((a, b) => order.indexOf(a.case.group) - order.indexOf(b.case.group));
   for (const r of sorted) {
     const framework = r.case.group === 'peers' ? '' : FRAMEWORK_LABEL[r.case.group];

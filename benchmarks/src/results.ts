@@ -123,6 +123,8 @@ export function evaluateTargets(results: RunResults): Target[] {
   ratioTarget('express', 'memory', 'replay', 0.95, 'Express + Memory');
   ratioTarget('hono', 'memory', 'first', 0.85, 'Hono + Memory');
   ratioTarget('hono', 'memory', 'replay', 0.95, 'Hono + Memory');
+  ratioTarget('koa', 'memory', 'first', 0.85, 'Koa + Memory');
+  ratioTarget('koa', 'memory', 'replay', 0.95, 'Koa + Memory');
   ratioTarget('fastify', 'redis', 'first', 0.6, 'Fastify + Redis');
   ratioTarget('fastify', 'redis', 'replay', 0.8, 'Fastify + Redis');
   for (const scenario of ['first', 'replay'] as const) {
@@ -142,6 +144,19 @@ export function evaluateTargets(results: RunResults): Target[] {
         profileCase: `express/oncely-redis/${scenario}`,
       });
     }
+  }
+  for (const scenario of ['first', 'replay'] as const) {
+    const ours = findCase(results, `nest/oncely-redis/${scenario}`);
+    const theirs = findCase(results, `peers/node-idempotency-redis/${scenario}`);
+    const ratio =
+      ours !== undefined && theirs !== undefined ? ours.median.rps / theirs.median.rps : undefined;
+    targets.push({
+      name: `NestJS + Redis vs @node-idempotency/nestjs + Redis on the same Nest app: ${scenario === 'first' ? 'first execution' : 'replay'}`,
+      want: '≥ 1.30×',
+      measured: ratio === undefined ? 'not measured' : `${ratio.toFixed(2)}×`,
+      met: ratio === undefined ? undefined : ratio >= 1.3,
+      profileCase: `nest/oncely-redis/${scenario}`,
+    });
   }
   const redis = results.stores.find((s) => s.store === 'redis');
   const oncelyHttp = results.httpTrips.filter((t) => t.subject.startsWith('oncely'));

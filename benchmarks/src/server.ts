@@ -102,15 +102,37 @@ async function startHono(kind: ServerKind, services: Services): Promise<Server> 
   return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)));
 }
 
+async function startKoa(kind: ServerKind, services: Services): Promise<Server> {
+  const { default: Koa } = await import('koa');
+  const { bodyParser } = await import('@koa/bodyparser');
+  const app = new Koa();
+  app.use(bodyParser());
+  if (kind.impl === 'oncely') {
+    const { idempotency } = await import('@oncely/koa');
+    const opened = await openStore(kind.store, services);
+    app.use(idempotency({ store: opened.store }));
+    closeAll = () => opened.close();
+  }
+  app.use((ctx) => {
+    if (ctx.method !== 'POST' || ctx.path !== PATH) return;
+    ctx.status = 201;
+    ctx.body = charge(ctx.request.body as ChargeRequest);
+  });
+  return new Promise((resolve) => {
+    const server = app.listen(0, '127.0.0.1', () => resolve(server));
+  });
+}
+
 async function start(): Promise<Server> {
-  if (kind.impl === 'nest') {
+  if (kind.impl === 'nest' || (kind.impl !== 'express-idempotency' && kind.framework === 'nest')) {
     const { startNest } = await import('./nest-app');
-    const { server, close } = await startNest(kind.store, services);
+    const { server, close } = await startNest(kind, services);
     closeAll = close;
     return server;
   }
   if (kind.impl === 'express-idempotency') return startExpress(kind, services);
   if (kind.framework === 'hono') return startHono(kind, services);
+  if (kind.framework === 'koa') return startKoa(kind, services);
   return kind.framework === 'fastify' ? startFastify(kind, services) : startExpress(kind, services);
 }
 

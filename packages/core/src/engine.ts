@@ -77,6 +77,7 @@ export class Idempotency<Req = unknown> {
   readonly options: ResolvedOptions<Req>;
   // Shared with the engines made by with(), so a plugin and its routes warn once between them.
   readonly #unscopedWarning: { given: boolean };
+  #unparsedBodyWarned = false;
 
   constructor(
     options: IdempotencyOptions<Req> = {},
@@ -90,6 +91,32 @@ export class Idempotency<Req = unknown> {
   /** An engine with `overrides` over this one's options (a route's options over its plugin's). */
   with(overrides: IdempotencyOptions<Req>): Idempotency<Req> {
     return new Idempotency(overrides, this);
+  }
+
+  /**
+   * For adapters that fingerprint a body parsed by someone else (Express's `req.body`, Koa's `ctx.request.body`):
+   * logs once, at `warn`, when a request with a key carries a body that no parser read (`body` undefined), since the
+   * fingerprint then ignores it. `parser` names what to mount, for the message.
+   */
+  warnIfBodyUnparsed(
+    headers: Readonly<Record<string, string | string[] | undefined>>,
+    body: unknown,
+    parser: string,
+  ): void {
+    if (
+      this.#unparsedBodyWarned ||
+      body !== undefined ||
+      this.options.fingerprint !== undefined ||
+      headers[this.options.header] === undefined ||
+      ((headers['content-length'] ?? '0') === '0' && headers['transfer-encoding'] === undefined)
+    ) {
+      return;
+    }
+    this.#unparsedBodyWarned = true;
+    this.options.logger?.warn(
+      {},
+      `oncely: the request body was not parsed, so the fingerprint ignores it; mount ${parser} before idempotency()`,
+    );
   }
 
   /** Whether requests with this method are covered at all; adapters use it to skip work for the others. */

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { type DynamoDBClient, GetItemCommand, PutItemCommand } from '@aws-sdk/client-dynamodb';
 import { idempotency } from '@oncely/express';
+import { binaryParser } from '@oncely/testing';
 import express from 'express';
 import request from 'supertest';
 import { DynamoDBStore } from '../src';
@@ -195,13 +196,16 @@ describe("largeBodies: 'chunk' (default)", () => {
       runs++;
       res.type('application/octet-stream').send(body);
     });
-    const parse = (res: request.Response, done: (error: Error | null, body: Buffer) => void) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (chunk: Buffer) => chunks.push(chunk));
-      res.on('end', () => done(null, Buffer.concat(chunks)));
-    };
-    const first = await request(app).post('/export').set('Idempotency-Key', 'http-mib').buffer().parse(parse);
-    const again = await request(app).post('/export').set('Idempotency-Key', 'http-mib').buffer().parse(parse);
+    const first = await request(app)
+      .post('/export')
+      .set('Idempotency-Key', 'http-mib')
+      .buffer()
+      .parse(binaryParser);
+    const again = await request(app)
+      .post('/export')
+      .set('Idempotency-Key', 'http-mib')
+      .buffer()
+      .parse(binaryParser);
     expect(first.status).toBe(200);
     expect(again.status).toBe(200);
     expect(again.headers['idempotent-replayed']).toBe('true');

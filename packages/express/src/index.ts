@@ -55,27 +55,13 @@ const states = globalStates[kStates];
  */
 export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHandler {
   const engine = new Idempotency<Request>(options);
-  const log = engine.options.logger;
-  let warnedNoBody = false;
 
   return function idempotencyMiddleware(req: Request, res: Response, next: NextFunction): void {
     if (states.has(res) || !engine.covers(req.method)) {
       next();
       return;
     }
-    if (
-      !warnedNoBody &&
-      req.body === undefined &&
-      engine.options.fingerprint === undefined &&
-      req.headers[engine.options.header] !== undefined &&
-      ((req.headers['content-length'] ?? '0') !== '0' || req.headers['transfer-encoding'] !== undefined)
-    ) {
-      warnedNoBody = true;
-      log?.warn(
-        {},
-        'oncely: the request body was not parsed, so the fingerprint ignores it; mount express.json() (or another body parser) before idempotency()',
-      );
-    }
+    engine.warnIfBodyUnparsed(req.headers, req.body, 'express.json() (or another body parser)');
     engine
       .handle({
         method: req.method,
@@ -116,6 +102,19 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
 }
 
 export default idempotency;
+
+/**
+ * Tells oncely that the handler of a covered request failed although no error reached Express's `next(err)`, for
+ * frameworks that turn a handler's error into a response themselves (NestJS's exception filters): the key is
+ * released when that response ends, instead of the response being stored. Returns whether oncely covers `res`.
+ */
+export function noteHandlerError(res: Response, error: unknown): boolean {
+  const state = states.get(res);
+  if (state === undefined) return false;
+  // An `undefined` thrown would not read as an error: note one.
+  if (state.error === undefined) state.error = error ?? new Error('the handler failed');
+  return true;
+}
 
 function send(res: Response, response: StoredResponse): void {
   res.statusCode = response.status;

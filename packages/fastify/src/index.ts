@@ -359,6 +359,19 @@ function describe(payload: unknown): string {
 }
 
 /**
+ * Tells oncely that the handler of a covered request failed although Fastify's onError did not see it, for
+ * frameworks that turn a handler's error into a reply themselves (NestJS's exception filters): the key is released
+ * when that reply is sent, instead of the reply being stored. Returns whether oncely covers `request`.
+ */
+export function noteHandlerError(request: FastifyRequest, error: unknown): boolean {
+  const state = (request as StatefulRequest)[kState];
+  if (state === null || state === undefined) return false;
+  // An `undefined` thrown would not read as an error: note one.
+  if (state.error === undefined) state.error = error ?? new Error('the handler failed');
+  return true;
+}
+
+/**
  * The Fastify 5 plugin: `fastify.register(idempotencyPlugin, options)`. Covers every POST/PUT/PATCH route added
  * after it (or, with `global: false`, only routes with `config.idempotency`); hooks go on covered routes only,
  * so other routes pay nothing.

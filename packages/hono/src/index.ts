@@ -50,6 +50,7 @@ export function idempotency<E extends Env = Env>(
         // Through Hono's body cache, as its validators read it: the handler's c.req.json() then parses the text
         // read here instead of reading the stream again. A clone (two more streams) cost ~20% of a request.
         readBody: (json) => (json ? c.req.text() : c.req.arrayBuffer()),
+        headers: nodeHeaders(c),
       },
       async (context) => {
         ran = true;
@@ -76,6 +77,21 @@ export function idempotency<E extends Env = Env>(
       c.res = response;
     }
   };
+}
+
+/**
+ * The headers of Node's `IncomingMessage` when the app runs on @hono/node-server (`c.env.incoming`), else
+ * `undefined`. Read there, the first execution skips building an undici `Headers` from the raw headers and copying
+ * it into a record (`newHeadersFromIncoming`, `append`, `toSortedArray` in the profile of docs/frameworks/hono.md).
+ */
+function nodeHeaders(c: Context): Readonly<Record<string, string | string[] | undefined>> | undefined {
+  const incoming = (c.env as { incoming?: { headers?: unknown; rawHeaders?: unknown } } | undefined)
+    ?.incoming;
+  if (incoming === undefined || !Array.isArray(incoming.rawHeaders)) return undefined;
+  const headers = incoming.headers;
+  return typeof headers === 'object' && headers !== null
+    ? (headers as Readonly<Record<string, string | string[] | undefined>>)
+    : undefined;
 }
 
 const encoder = new TextEncoder();

@@ -97,7 +97,11 @@ function rawPost(url: string, path: string, keyBytes: Buffer): Promise<number> {
   });
 }
 
-function binaryParser(res: request.Response, callback: (err: Error | null, body: Buffer) => void): void {
+/** A supertest parser that keeps any body as its bytes: `.buffer(true).parse(binaryParser)`. */
+export function binaryParser(
+  res: request.Response,
+  callback: (err: Error | null, body: Buffer) => void,
+): void {
   const chunks: Buffer[] = [];
   res.on('data', (chunk: Buffer) => chunks.push(chunk));
   res.on('end', () => callback(null, Buffer.concat(chunks)));
@@ -133,6 +137,37 @@ export function onStore(
     create: (options) =>
       harness.create(options.store === undefined ? { ...options, store: store() } : options),
   };
+}
+
+/** What `httpSuiteOnRedis` needs of a Redis client (ioredis's `Redis` fits). */
+export interface RedisClientLike {
+  keys(pattern: string): Promise<string[]>;
+  del(...keys: string[]): Promise<number>;
+  quit(): Promise<unknown>;
+}
+
+/**
+ * Runs the whole suite for each harness on a store of its own made by `makeStore` over one client from `connect`,
+ * each under a random key prefix (a few suite tests use fixed keys, which another run on the same Redis would have
+ * stored). After all tests: the stores are closed, every key of the prefixes deleted, the client quit.
+ */
+export function httpSuiteOnRedis<Client extends RedisClientLike>(
+  harnesses: readonly AdapterHarness[],
+  connect: () => Client,
+  makeStore: (client: Client, prefix: string) => IdempotencyStore & { close(): Promise<void> },
+): void {
+  const client = connect();
+  const prefix = `oncely-suite:${randomUUID()}:`;
+  const stores = harnesses.map((_harness, i) => makeStore(client, `${prefix}${i}:`));
+  afterAll(async () => {
+    await Promise.all(stores.map((store) => store.close()));
+    const keys = await client.keys(`${prefix}*`);
+    if (keys.length > 0) await client.del(...keys);
+    await client.quit();
+  });
+  harnesses.forEach((harness, i) => {
+    httpBehaviourSuite(onStore(harness, 'RedisStore', () => stores[i] as IdempotencyStore));
+  });
 }
 
 /** The HTTP behaviour of contract §3, identical for every adapter. */

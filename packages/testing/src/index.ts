@@ -8,12 +8,15 @@ export { type ConsumerProcess, sleep, startConsumerProcess, waitUntil } from './
 export { routeCounts, serveTestApp, viewOptions } from './harness-helpers';
 export {
   type AdapterHarness,
+  binaryParser,
   brokenStore,
   expectedBinary,
   expectedStream,
   expectedWebStream,
   httpBehaviourSuite,
+  httpSuiteOnRedis,
   onStore,
+  type RedisClientLike,
   recordingLogger,
   type TestApp,
   type TestAppOptions,

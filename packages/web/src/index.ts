@@ -68,6 +68,12 @@ export interface WebExchange<Req> {
   readBody?: (json: boolean) => Promise<ArrayBuffer | string>;
   /** Where this request's log lines go. Default: the `logger` option. */
   log?: Logger;
+  /**
+   * The request's headers as a record with lower-case names, when the platform already holds them so (Node's
+   * `IncomingMessage.headers` under @hono/node-server): read instead of `request.headers`, which there builds an
+   * undici `Headers` on first use, and which the engine would copy into a record again.
+   */
+  headers?: Readonly<Record<string, string | string[] | undefined>>;
 }
 
 /** What `run` returns when the handler failed but the framework already turned the error into a response. */
@@ -102,10 +108,14 @@ export async function respondOnce<Req>(
   exchange: WebExchange<Req>,
   run: (context: IdempotencyContext | undefined) => Promise<Response | HandlerFailure | KnownBody>,
 ): Promise<Response> {
-  const { request, log } = exchange;
+  const { request, log, headers } = exchange;
   const o = engine.options;
   // Cheap exits first, before any header copy or body read: most requests are not ours.
-  if (!o.methods.has(request.method) || (!o.required && !request.headers.has(o.header))) {
+  if (
+    !o.methods.has(request.method) ||
+    (!o.required &&
+      (headers === undefined ? !request.headers.has(o.header) : headers[o.header] === undefined))
+  ) {
     return settledResponse(await run(undefined));
   }
   let body: unknown;
@@ -113,7 +123,8 @@ export async function respondOnce<Req>(
   // @hono/node-server reading it builds a full undici Request and its streams (~30% of a request).
   if (o.fingerprint === undefined && (exchange.readBody !== undefined || request.body !== null)) {
     try {
-      body = await readBody(request, exchange.readBody);
+      const type = headers === undefined ? request.headers.get('content-type') : headers['content-type'];
+      body = await readBody(request, typeof type === 'string' ? type : null, exchange.readBody);
     } catch (error) {
       (log ?? o.logger)?.warn({ err: error }, 'oncely: the request body could not be read');
       return toResponse(
@@ -130,7 +141,7 @@ export async function respondOnce<Req>(
     {
       method: request.method,
       url: pathAndQuery(request.url),
-      headers: Object.fromEntries(request.headers),
+      headers: headers ?? Object.fromEntries(request.headers),
       body,
       request: exchange.target,
     },
@@ -248,9 +259,9 @@ const JSON_TYPE = /^application\/(?:[\w.+-]*\+)?json\s*(?:;|$)/i;
  */
 async function readBody(
   request: Request,
+  type: string | null,
   read: ((json: boolean) => Promise<ArrayBuffer | string>) | undefined,
 ): Promise<unknown> {
-  const type = request.headers.get('content-type');
   const json = type !== null && JSON_TYPE.test(type);
   const data = read === undefined ? await request.clone().arrayBuffer() : await read(json);
   // A string is hashed as its UTF-8 bytes, as the same bytes would be.

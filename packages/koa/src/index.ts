@@ -1,0 +1,337 @@
+import { Readable } from 'node:stream';
+import {
+  type Execution,
+  Idempotency,
+  type IdempotencyContext,
+  type IdempotencyOptions,
+  type StoredResponse,
+} from '@oncely/core';
+import type { Context, Middleware, Next } from 'koa';
+
+/** Options of the Koa middleware: the shared options (contract §2); `scope` and `fingerprint` get Koa's `Context`. */
+export type KoaIdempotencyOptions = IdempotencyOptions<Context>;
+
+/** What the middleware sets on `ctx.state` of a request it covers. */
+export interface IdempotencyState {
+  /** The Idempotency-Key this request runs under (unquoted); `undefined` when oncely does not cover the request. */
+  idempotencyKey?: string;
+  /** The key and, in transactional mode, the transaction's database client; `undefined` likewise. */
+  idempotency?: IdempotencyContext;
+}
+
+declare module 'koa' {
+  // Typed `ctx.state.idempotencyKey` in every middleware and route.
+  interface DefaultState extends IdempotencyState {}
+}
+
+// Marks a context an oncely middleware already holds, the same symbol in every copy of this package: when two meet
+// one request (app-wide and on a route), the first that takes it wins, as in the Express adapter. On the context,
+// which Koa makes afresh per request, so the mark goes with it.
+const kHeld = Symbol.for('oncely.koa.held');
+type HeldContext = Context & { [kHeld]?: true };
+
+/**
+ * Koa middleware (Koa 3): `app.use(idempotency())` covers every POST/PUT/PATCH; on one `@koa/router` route,
+ * `router.post('/charges', idempotency({ required: true }), handler)`. Mount a body parser before it: the parsed
+ * body is part of the fingerprint. When the middlewares after it are done, the response they left in `ctx.body`
+ * (a string, Buffer, object, or a stream, read here) is stored before Koa sends it; a retry gets it back with
+ * `Idempotent-Replayed: true`. Options are checked here, once.
+ */
+export function idempotency(options: KoaIdempotencyOptions = {}): Middleware {
+  const engine = new Idempotency<Context>(options);
+
+  return async function idempotencyMiddleware(ctx: Context, next: Next): Promise<void> {
+    const req = ctx.req;
+    if ((ctx as HeldContext)[kHeld] === true || !engine.covers(req.method as string)) return next();
+    const body = parsedBody(ctx);
+    engine.warnIfBodyUnparsed(req.headers, body, 'a body parser (@koa/bodyparser)');
+    const decision = await engine.handle({
+      method: req.method as string,
+      url: ctx.originalUrl,
+      headers: req.headers,
+      body,
+      request: ctx,
+    });
+    // Something else answered while the store was asked (a timeout, say): do nothing more, free the key we hold.
+    if (ctx.res.headersSent) {
+      if (decision.action === 'execute') await decision.execution.fail(new Error('response already sent'));
+      return;
+    }
+    if (decision.action === 'pass') return next();
+    if (decision.action === 'respond') return send(ctx, decision.response);
+    const { execution } = decision;
+    (ctx as HeldContext)[kHeld] = true;
+    ctx.state.idempotencyKey = execution.clientKey;
+    ctx.state.idempotency = { key: execution.clientKey, db: execution.db };
+    // Headers set before oncely ran (CORS, a request id) belong to the middlewares outside it, which set them
+    // afresh on a replay: only what the inner ones set or change is stored.
+    const outerHeaders = ctx.res.getHeaders();
+    try {
+      await next();
+      await capture(ctx, execution, outerHeaders);
+    } catch (error) {
+      // Thrown by a later middleware or the handler (or the body failed before any of it was sent): the key is
+      // released, so a retry runs again, and the error goes on to the app's error handling as usual.
+      await execution.fail(error);
+      throw error;
+    }
+  };
+}
+
+export default idempotency;
+
+const PARSED_TYPES =
+  /^application\/(?:[\w.+-]*\+)?json|^application\/x-www-form-urlencoded|^multipart\/form-data/i;
+
+/**
+ * The body a parser left on `ctx.request.body`, or `undefined` when none parsed it. @koa/bodyparser sets `{}`, with
+ * no `rawBody`, for a content type it does not parse (text, by default): hashing that `{}` would make two different
+ * bodies look alike, so it counts as not parsed (and the warning says so).
+ */
+function parsedBody(ctx: Context): unknown {
+  const request = ctx.request as { body?: unknown; rawBody?: unknown };
+  const body = request.body;
+  if (
+    request.rawBody === undefined &&
+    typeof body === 'object' &&
+    body !== null &&
+    Object.getPrototypeOf(body) === Object.prototype &&
+    Object.keys(body).length === 0 &&
+    !PARSED_TYPES.test(ctx.req.headers['content-type'] ?? '')
+  ) {
+    return undefined;
+  }
+  return body;
+}
+
+/** Sends a stored response (a replay or one of the engine's problem answers) through Koa. */
+function send(ctx: Context, response: StoredResponse): void {
+  ctx.status = response.status;
+  for (const name in response.headers) ctx.set(name, response.headers[name] as string | string[]);
+  ctx.body = Buffer.from(response.body.buffer, response.body.byteOffset, response.body.byteLength);
+  // Koa types a Buffer body application/octet-stream when no type is set: a response stored without one keeps none.
+  if (response.headers['content-type'] === undefined) ctx.remove('Content-Type');
+}
+
+interface KoaResponseInternals {
+  /** Koa's mark for `ctx.body = null` (an empty body, sent as such), as opposed to no body set at all. */
+  _explicitNullBody?: boolean;
+  /** Koa's mark for a status set by the app, as opposed to its default 404. */
+  _explicitStatus?: boolean;
+}
+
+type Headers = ReturnType<Context['res']['getHeaders']>;
+
+// Statuses Koa sends without a body, whatever ctx.body holds (its `statuses.empty`).
+const EMPTY_STATUSES = new Set([204, 205, 304]);
+const EMPTY = Buffer.alloc(0);
+
+/**
+ * Stores what Koa is about to send for this request, leaving `ctx.body` as a Buffer of the exact bytes stored, as a
+ * replay's is, so that what the client gets and what a retry gets are the same, and middleware mounted before
+ * oncely sees the same on both. It runs after this and may transform the response (compression, say); it does the
+ * same to a replay.
+ */
+async function capture(ctx: Context, execution: Execution, outerHeaders: Headers): Promise<void> {
+  const res = ctx.res;
+  if (ctx.respond === false || res.headersSent) {
+    // The handler answers through ctx.res itself, around Koa and oncely: its bytes cannot be held, so the
+    // request is kept as executed (status only; a retry gets a 410) once the response is finished.
+    const executed = () =>
+      void execution.complete({ status: res.statusCode, headers: res.getHeaders(), body: undefined });
+    if (res.writableFinished || res.destroyed) executed();
+    else res.once('close', executed);
+    return;
+  }
+  const response = ctx.response as unknown as KoaResponseInternals;
+  const body: unknown = ctx.body;
+  let bytes: Buffer;
+  if (EMPTY_STATUSES.has(ctx.status)) {
+    if (body !== null && body !== undefined) ctx.body = null; // as Koa's respond: no body, no content headers
+    bytes = EMPTY;
+  } else if (body === null || body === undefined) {
+    if (response._explicitNullBody) bytes = EMPTY;
+    else if (!response._explicitStatus) {
+      // Nothing answered the request (Koa's default 404): an app's own not-found handling may still answer it
+      // outside oncely, so nothing is stored and ctx is left as it is.
+      await execution.fail(new Error('no middleware answered the request'));
+      return;
+    } else {
+      // A status without a body: Koa sends the status message as text (its `respond`).
+      const status = ctx.status;
+      bytes = Buffer.from(ctx.req.httpVersionMajor >= 2 ? String(status) : ctx.message || String(status));
+      ctx.body = bytes;
+      ctx.type = 'text';
+    }
+  } else if (typeof body === 'string') {
+    bytes = Buffer.from(body);
+    ctx.body = bytes;
+  } else if (Buffer.isBuffer(body)) bytes = body;
+  else {
+    const source = streamOf(body);
+    if (source === undefined) {
+      // An object: Koa would send JSON.stringify(body). Sent as those bytes now, so the stored bytes are the sent ones.
+      bytes = Buffer.from(JSON.stringify(body));
+      ctx.body = bytes;
+    } else {
+      let read: { chunks: Buffer[]; rest: Chunks | undefined };
+      try {
+        read = await readUpTo(source, execution.bufferLimit);
+      } catch (error) {
+        // Koa destroys the body stream when the client leaves: the handler ran, so the request is kept as executed
+        // (a retry gets a 410), not released to run again. Otherwise the body failed before any of it was sent.
+        if (res.destroyed || !ctx.writable) await executedWithoutBody(ctx, execution, outerHeaders);
+        throw error;
+      }
+      if (read.rest !== undefined) {
+        ctx.body = continuation(
+          ctx,
+          execution,
+          read.chunks,
+          read.rest,
+          innerHeaders(res.getHeaders(), outerHeaders),
+        );
+        return;
+      }
+      bytes = read.chunks.length === 1 ? (read.chunks[0] as Buffer) : Buffer.concat(read.chunks);
+      ctx.body = bytes;
+    }
+  }
+  const replacement = await execution.complete({
+    status: ctx.status,
+    headers: innerHeaders(res.getHeaders(), outerHeaders),
+    body: bytes.byteLength <= execution.maxBodyBytes ? bytes : undefined,
+  });
+  if (replacement !== undefined) {
+    // The transactional commit failed: nothing the handler wrote survived, so its answer must not be sent.
+    for (const name of res.getHeaderNames()) res.removeHeader(name);
+    send(ctx, replacement);
+  }
+}
+
+function executedWithoutBody(ctx: Context, execution: Execution, outerHeaders: Headers): Promise<unknown> {
+  return execution.complete({
+    status: ctx.status,
+    headers: innerHeaders(ctx.res.getHeaders(), outerHeaders),
+    body: undefined,
+  });
+}
+
+/** The headers set or changed since `outer` was taken. */
+function innerHeaders(now: Headers, outer: Headers): Headers {
+  let same = true;
+  for (const name in outer) if (now[name] !== outer[name]) same = false;
+  if (same) {
+    // Nearly always: the outer middlewares' headers are all still there, unchanged; drop them.
+    let inner: Headers | undefined;
+    for (const name in now) {
+      if (name in outer) continue;
+      inner ??= {};
+      inner[name] = now[name];
+    }
+    return inner ?? {};
+  }
+  const inner: Headers = {};
+  for (const name in now) if (now[name] !== outer[name]) inner[name] = now[name];
+  return inner;
+}
+
+type Chunks = AsyncIterator<unknown>;
+
+/** The body's bytes as an async iterator when it is a stream of some kind (Koa 3 takes all of these), else undefined. */
+function streamOf(body: unknown): Chunks | undefined {
+  if (body instanceof Readable) return body[Symbol.asyncIterator]();
+  if (body instanceof ReadableStream) return (body as ReadableStream<Uint8Array>)[Symbol.asyncIterator]();
+  if (body instanceof Blob) return body.stream()[Symbol.asyncIterator]();
+  if (body instanceof Response) return (body.body ?? new Blob([]).stream())[Symbol.asyncIterator]();
+  // Another Node stream implementation (Koa's own test: `typeof body.pipe === 'function'`).
+  if (
+    typeof body === 'object' &&
+    body !== null &&
+    typeof (body as { pipe?: unknown }).pipe === 'function' &&
+    typeof (body as AsyncIterable<unknown>)[Symbol.asyncIterator] === 'function'
+  ) {
+    return (body as AsyncIterable<unknown>)[Symbol.asyncIterator]();
+  }
+  return undefined;
+}
+
+function toChunk(value: unknown): Buffer {
+  if (Buffer.isBuffer(value)) return value;
+  if (typeof value === 'string') return Buffer.from(value);
+  if (value instanceof Uint8Array) return Buffer.from(value.buffer, value.byteOffset, value.byteLength);
+  throw new TypeError(
+    `oncely: a response stream gave a ${typeof value} chunk; Koa sends only bytes and strings`,
+  );
+}
+
+/**
+ * Reads a stream body until its end, or until more than `limit` bytes are held: then `rest` is the unread
+ * remainder. The iterator is driven by hand (not `for await`), since leaving a `for await` early destroys the stream.
+ */
+async function readUpTo(
+  source: Chunks,
+  limit: number,
+): Promise<{ chunks: Buffer[]; rest: Chunks | undefined }> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for (;;) {
+    const { done, value } = await source.next();
+    if (done) return { chunks, rest: undefined };
+    const chunk = toChunk(value);
+    chunks.push(chunk);
+    size += chunk.byteLength;
+    if (size > limit) return { chunks, rest: source };
+  }
+}
+
+/**
+ * A body too big to keep: what was read, then the rest, streamed through; the request is kept as executed (a
+ * retry gets a 410, never a second run) when the stream ends, fails, is destroyed (the client left, or Koa dropped
+ * it), or the response closes without it (a middleware outside oncely replaced the body).
+ */
+function continuation(
+  ctx: Context,
+  execution: Execution,
+  held: Buffer[],
+  rest: Chunks,
+  headers: Headers,
+): Readable {
+  const status = ctx.status;
+  let settled = false;
+  const executed = (): void => {
+    if (settled) return;
+    settled = true;
+    void execution.complete({ status, headers, body: undefined });
+  };
+  ctx.res.once('close', executed);
+  return new Readable({
+    read() {
+      const chunk = held.shift();
+      if (chunk !== undefined) {
+        this.push(chunk);
+        return;
+      }
+      rest.next().then(
+        ({ done, value }) => {
+          if (done) {
+            executed();
+            this.push(null);
+          } else this.push(toChunk(value));
+        },
+        (error: unknown) => {
+          executed();
+          this.destroy(error instanceof Error ? error : new Error(String(error)));
+        },
+      );
+    },
+    destroy(error, callback) {
+      executed();
+      // Stops the source when the client left early (a no-op once it ended).
+      Promise.resolve(rest.return?.()).then(
+        () => callback(error),
+        () => callback(error),
+      );
+    },
+  });
+}
