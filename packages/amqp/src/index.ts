@@ -1,17 +1,10 @@
 import { createHash } from 'node:crypto';
 import {
-  CONSUMER_RETRY_OPTIONS,
-  type ConsumerRetryOptions,
+  type ConsumerOptions,
+  type ConsumerSettledEvent,
   type ConsumerSettlement,
-  type Duration,
-  IdempotencyKeyError,
+  consumerRuntime,
   IdempotencyOptionsError,
-  type IdempotencyStore,
-  idempotentOutcome,
-  type Logger,
-  resolveConsumerRetryPolicy,
-  settlementFor,
-  silentLogger,
 } from '@oncely/core';
 import type { ConfirmChannel, ConsumeMessage, Options } from 'amqplib';
 
@@ -24,48 +17,21 @@ export type AmqpKeySource =
   /** Your own function of the message; return `undefined` when the message has no key. */
   | ((msg: ConsumeMessage) => string | undefined);
 
-/** What the wrapper did with one delivery, for metrics and logs. */
-export interface AmqpSettledEvent {
-  /** The idempotency key, or `undefined` when the message had none. */
-  key: string | undefined;
-  /** `ack`: done (or a duplicate); `delay`/`retry`: re-queued through the delay queue; `dead-letter`: nacked without requeue. */
-  action: ConsumerSettlement['action'];
-  reason: ConsumerSettlement['reason'];
-  /** Failed attempts counted for this message so far (after this delivery). */
-  failures: number;
-  /** The delay before the message comes back, for `delay` and `retry`. */
-  delayMs?: number;
-  /** The handler's (or store's) error, when there was one. */
-  error?: unknown;
-  message: ConsumeMessage;
-}
+/**
+ * What the wrapper did with one delivery, for metrics and logs: `ack` (done, or a duplicate), `delay`/`retry`
+ * (re-queued through the delay queue), `dead-letter` (nacked without requeue).
+ */
+export type AmqpSettledEvent = ConsumerSettledEvent<ConsumeMessage>;
 
-export interface AmqpConsumerOptions extends ConsumerRetryOptions {
-  /** Where records live. Default: a new `MemoryStore()` (one process; competing consumers need a shared store). */
-  store?: IdempotencyStore;
+/**
+ * The shared consumer options (docs/consumers.md), and `key` and `delayQueueArguments`. A message without a key is
+ * nacked without requeue (to the queue's dead-letter exchange) unless `onMissingKey: 'process'`.
+ */
+export interface AmqpConsumerOptions extends ConsumerOptions<ConsumeMessage> {
   /** Where the key comes from. Default: `'messageId'`. */
   key?: AmqpKeySource;
-  /**
-   * A message without a key: `'dead-letter'` nacks it without requeue (to the queue's dead-letter exchange);
-   * `'process'` runs the handler without idempotency protection. Default: `'dead-letter'`.
-   */
-  onMissingKey?: 'dead-letter' | 'process';
-  /** What must match when a key is reused (else dead-letter), or `false`. Default: SHA-256 of the message body. */
-  fingerprint?: ((msg: ConsumeMessage) => string) | false;
-  /** How long a finished message's record is kept: duplicates within it are acked without running. Default: `'24h'`. */
-  ttl?: Duration;
-  /** Lease of a message being processed, renewed while the handler runs. Default: `'30s'`. */
-  lockTimeout?: Duration;
-  /** While another consumer processes the key: `'reject'` delays the message; `{ wait }` waits in-process first. */
-  inProgress?: 'reject' | { wait: Duration };
-  /** Longest key accepted; longer keys are dead-lettered. Default: `255`. */
-  maxKeyLength?: number;
   /** Extra arguments for the delay queues (e.g. `{ 'x-queue-type': 'quorum' }`). Default: none. */
   delayQueueArguments?: Readonly<Record<string, unknown>>;
-  /** A pino-compatible logger. Default: none. */
-  logger?: Logger;
-  /** Called after each delivery is settled. Exceptions are logged and ignored. */
-  onSettled?: (event: AmqpSettledEvent) => void;
 }
 
 /** Header carrying the failed attempts of a message re-published for a retry. */
@@ -82,21 +48,6 @@ export const ORIGINAL_ROUTING_KEY_HEADER = 'x-oncely-original-routing-key';
 export function delayQueueName(queue: string, delayMs: number): string {
   return `${queue}.oncely-delay.${delayMs}ms`;
 }
-
-const KNOWN_OPTIONS = new Set([
-  'store',
-  'key',
-  'onMissingKey',
-  'fingerprint',
-  'ttl',
-  'lockTimeout',
-  'inProgress',
-  'maxKeyLength',
-  'delayQueueArguments',
-  'logger',
-  'onSettled',
-  ...CONSUMER_RETRY_OPTIONS,
-]);
 
 // Never copied onto a re-published message: expiration would fight the delay queue's TTL, a user-id must match
 // the publishing connection's user, and a quorum queue's delivery count belongs to the old copy (it is folded
@@ -146,66 +97,18 @@ export function idempotentConsumer(
       'must be the name of the queue you consume from: delayed and retried messages are routed back to it.',
     );
   }
-  if (typeof handler !== 'function') {
-    throw new IdempotencyOptionsError('handler', `must be a function (msg) => work; got ${typeof handler}.`);
-  }
-  if (options === null || typeof options !== 'object') {
-    throw new IdempotencyOptionsError(
-      'options',
-      'must be an object; pass {} or leave it out for the defaults.',
-    );
-  }
-  for (const name of Object.keys(options)) {
-    if (!KNOWN_OPTIONS.has(name)) {
-      throw new IdempotencyOptionsError(
-        name,
-        `is not an option of @oncely/amqp; known options: ${[...KNOWN_OPTIONS].join(', ')}.`,
-      );
-    }
-  }
-  const log = options.logger ?? silentLogger;
-  const policy = resolveConsumerRetryPolicy(options, log);
-  const keyOf = resolveKeySource(options.key);
-  const processWithoutKey = checkOnMissingKey(options.onMissingKey);
+  const runtime = consumerRuntime(handler, options, {
+    name: '@oncely/amqp',
+    options: ['key', 'delayQueueArguments'],
+    keyOf: resolveKeySource(options?.key),
+    fingerprint: bodyHash,
+  });
+  const { log } = runtime;
   const delayArguments = checkDelayArguments(options.delayQueueArguments);
-  const onSettled = options.onSettled;
-  if (onSettled !== undefined && typeof onSettled !== 'function') {
-    throw new IdempotencyOptionsError('onSettled', `must be a function; got ${typeof onSettled}.`);
-  }
-  const fingerprint = options.fingerprint;
-  if (fingerprint !== undefined && fingerprint !== false && typeof fingerprint !== 'function') {
-    throw new IdempotencyOptionsError(
-      'fingerprint',
-      `must be a function (msg) => string, or false to disable the check; got ${typeof fingerprint}.`,
-    );
-  }
-
-  // The handler's own result is not a consumer's business: `null` is what gets stored, so any handler fits.
-  const run = idempotentOutcome(
-    async (msg: ConsumeMessage, _key: string) => {
-      await handler(msg);
-      return null;
-    },
-    {
-      key: (_msg, key) => key,
-      fingerprint:
-        fingerprint === false
-          ? false
-          : (msg) => (fingerprint === undefined ? bodyHash(msg) : fingerprint(msg)),
-      isPermanent: policy.isPermanent,
-      ...(options.store === undefined ? {} : { store: options.store }),
-      ...(options.ttl === undefined ? {} : { ttl: options.ttl }),
-      ...(options.lockTimeout === undefined ? {} : { lockTimeout: options.lockTimeout }),
-      ...(options.inProgress === undefined ? {} : { inProgress: options.inProgress }),
-      ...(options.maxKeyLength === undefined ? {} : { maxKeyLength: options.maxKeyLength }),
-      ...(options.logger === undefined ? {} : { logger: options.logger }),
-    },
-  );
 
   const settle = async (msg: ConsumeMessage, key: string | undefined, settlement: ConsumerSettlement) => {
     const failuresBefore = failuresOf(msg);
     let failures = failuresBefore;
-    let delayMs: number | undefined;
     switch (settlement.action) {
       case 'ack':
         channel.ack(msg);
@@ -220,27 +123,11 @@ export function idempotentConsumer(
         break;
       case 'delay':
       case 'retry':
-        delayMs = settlement.delayMs;
         if (settlement.action === 'retry') failures = settlement.failures;
-        await requeueLater(msg, delayMs, failures);
+        await requeueLater(msg, settlement.delayMs, failures);
         break;
     }
-    if (onSettled !== undefined) {
-      const event: AmqpSettledEvent = {
-        key,
-        action: settlement.action,
-        reason: settlement.reason,
-        failures,
-        message: msg,
-      };
-      if (delayMs !== undefined) event.delayMs = delayMs;
-      if ('error' in settlement && settlement.error !== undefined) event.error = settlement.error;
-      try {
-        onSettled(event);
-      } catch (error) {
-        log.error({ err: error }, 'oncely: onSettled threw; ignored');
-      }
-    }
+    runtime.report(runtime.settledEvent(msg, key, settlement, failures));
   };
 
   const requeueLater = async (msg: ConsumeMessage, delayMs: number, failures: number) => {
@@ -283,38 +170,7 @@ export function idempotentConsumer(
   };
 
   const handle = async (msg: ConsumeMessage): Promise<void> => {
-    let key: string | undefined;
-    try {
-      key = keyOf(msg);
-    } catch (error) {
-      await settle(msg, undefined, {
-        action: 'dead-letter',
-        reason: 'invalid-key',
-        error: new IdempotencyKeyError('the key function threw', { cause: error }),
-      });
-      return;
-    }
-    if (key === undefined || key === '') {
-      if (!processWithoutKey) {
-        await settle(msg, undefined, { action: 'dead-letter', reason: 'missing-key' });
-        return;
-      }
-      log.warn({ queue }, 'oncely: message without an idempotency key processed WITHOUT protection');
-      try {
-        await handler(msg);
-        await settle(msg, undefined, { action: 'ack', reason: 'executed' });
-      } catch (error) {
-        await settle(msg, undefined, settlementFor(policy, error, failuresOf(msg)));
-      }
-      return;
-    }
-    let settlement: ConsumerSettlement;
-    try {
-      const { outcome } = await run(msg, key);
-      settlement = { action: 'ack', reason: outcome };
-    } catch (error) {
-      settlement = settlementFor(policy, error, failuresOf(msg));
-    }
+    const { key, settlement } = await runtime.decide(msg, failuresOf(msg));
     await settle(msg, key, settlement);
   };
 
@@ -394,15 +250,6 @@ function stringOf(value: unknown): string | undefined {
   if (typeof value === 'number') return String(value);
   if (value instanceof Uint8Array) return Buffer.from(value).toString('utf8');
   return undefined;
-}
-
-function checkOnMissingKey(value: unknown): boolean {
-  if (value === undefined || value === 'dead-letter') return false;
-  if (value === 'process') return true;
-  throw new IdempotencyOptionsError(
-    'onMissingKey',
-    `must be 'dead-letter' or 'process'; got ${JSON.stringify(value)}.`,
-  );
 }
 
 function checkDelayArguments(value: unknown): Record<string, unknown> {

@@ -6,8 +6,28 @@ export {
   IdempotencyStoreError,
   PermanentError,
   UnstorableResultError,
-} from './consumer-errors';
-export { type Duration, parseDuration } from './duration';
+} from './consumer/errors';
+export {
+  type IdempotentOptions,
+  type IdempotentOutcome,
+  idempotent,
+  idempotentOutcome,
+  type ResultSerializer,
+} from './consumer/idempotent';
+export {
+  CONSUMER_RETRY_OPTIONS,
+  type ConsumerBroker,
+  type ConsumerDecision,
+  type ConsumerOptions,
+  type ConsumerRetryOptions,
+  type ConsumerRetryPolicy,
+  type ConsumerRuntime,
+  type ConsumerSettledEvent,
+  type ConsumerSettlement,
+  consumerRuntime,
+  resolveConsumerRetryPolicy,
+  settlementFor,
+} from './consumer/runtime';
 export {
   type CapturedResponse,
   Execution,
@@ -15,27 +35,10 @@ export {
   type HttpRequestInput,
   Idempotency,
   type IdempotencyContext,
-} from './engine';
-export { IdempotencyOptionsError } from './errors';
-export { canonicalJson, defaultFingerprint } from './fingerprint';
-export { ALWAYS_EXCLUDED_HEADERS, type OutgoingHeaderValue } from './headers';
-export {
-  CONSUMER_RETRY_OPTIONS,
-  type ConsumerRetryOptions,
-  type ConsumerRetryPolicy,
-  type ConsumerSettlement,
-  durationOption,
-  type IdempotentOptions,
-  type IdempotentOutcome,
-  idempotent,
-  idempotentOutcome,
-  type ResultSerializer,
-  resolveConsumerRetryPolicy,
-  settlementFor,
-} from './idempotent';
-export { type KeyProblem, parseKey } from './key';
-export { type Logger, silentLogger } from './logger';
-export { MemoryStore, type MemoryStoreOptions } from './memory-store';
+} from './http/engine';
+export { canonicalJson, defaultFingerprint } from './http/fingerprint';
+export { ALWAYS_EXCLUDED_HEADERS, type OutgoingHeaderValue } from './http/headers';
+export { type KeyProblem, parseKey } from './http/key';
 export type {
   CompleteEvent,
   ConflictEvent,
@@ -47,9 +50,14 @@ export type {
   ResolvedOptions,
   StoreErrorEvent,
   UnscopedCredentialsEvent,
-} from './options';
-export { PROBLEM_TYPES, type ProblemDetails, problemResponse } from './problems';
-export { type RequestWithHeaders, type ScopeByHeaderOptions, scopeByHeader } from './scope';
+} from './http/options';
+export { PROBLEM_TYPES, type ProblemDetails, problemResponse } from './http/problems';
+export { type RequestWithHeaders, type ScopeByHeaderOptions, scopeByHeader } from './http/scope';
+export { durationOption } from './shared/checks';
+export { type Duration, parseDuration } from './shared/duration';
+export { IdempotencyOptionsError } from './shared/errors';
+export { type Logger, silentLogger } from './shared/logger';
+export { MemoryStore, type MemoryStoreOptions } from './stores/memory-store';
 export type {
   AcquiredResult,
   AcquireOptions,
@@ -63,4 +71,4 @@ export type {
   StoreTransaction,
   TransactionAcquiredResult,
   TransactionalIdempotencyStore,
-} from './store';
+} from './stores/store';

@@ -1,5 +1,5 @@
 import { createHmac } from 'node:crypto';
-import { IdempotencyOptionsError } from './errors';
+import { IdempotencyOptionsError } from '../shared/errors';
 import { TOKEN } from './headers';
 
 /** A request whose headers `scopeByHeader` can read: Node's lower-cased header object, or a web `Headers`. */

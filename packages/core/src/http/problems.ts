@@ -1,4 +1,4 @@
-import type { StoredResponse } from './store';
+import type { StoredResponse } from '../stores/store';
 
 /** Stable `type` URIs of the problem details oncely answers with (RFC 9457). Documented in docs/errors.md. */
 export const PROBLEM_TYPES = {

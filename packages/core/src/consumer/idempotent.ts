@@ -1,3 +1,9 @@
+import { checkLogger, checkStore, durationOption, functionOption, integerOption } from '../shared/checks';
+import type { Duration } from '../shared/duration';
+import { IdempotencyOptionsError } from '../shared/errors';
+import { type Logger, silentLogger } from '../shared/logger';
+import { MemoryStore } from '../stores/memory-store';
+import type { AcquireResult, IdempotencyStore, StoredResponse } from '../stores/store';
 import {
   IdempotencyInProgressError,
   IdempotencyKeyError,
@@ -6,13 +12,7 @@ import {
   IdempotencyStoreError,
   PermanentError,
   UnstorableResultError,
-} from './consumer-errors';
-import type { Duration } from './duration';
-import { IdempotencyOptionsError } from './errors';
-import { type Logger, silentLogger } from './logger';
-import { MemoryStore } from './memory-store';
-import { checkLogger, checkStore, positiveDuration } from './options';
-import type { AcquireResult, IdempotencyStore, StoredResponse } from './store';
+} from './errors';
 
 /** Turns results into bytes for the store and back. The default is JSON (see `idempotent`). */
 export interface ResultSerializer<R> {
@@ -98,7 +98,8 @@ const KNOWN_OPTIONS = new Set([
   'logger',
 ]);
 
-const defaultIsPermanent = (error: unknown): boolean => error instanceof PermanentError;
+/** The default `isPermanent`: a `PermanentError`. */
+export const defaultIsPermanent = (error: unknown): boolean => error instanceof PermanentError;
 
 /**
  * Wraps `fn` so that it runs at most once per key while the key's record lives (`ttl`), across every process that
@@ -549,25 +550,6 @@ function resolveIdempotentOptions<Args extends unknown[], R>(
   };
 }
 
-/** A positive duration in whole ms; `name` is the option to blame. Shared with the broker wrappers' own options. */
-export function durationOption(name: string, value: unknown): number {
-  return positiveDuration(name, value);
-}
-
-function integerOption(name: string, value: unknown): number {
-  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 1) {
-    throw new IdempotencyOptionsError(name, `must be a positive integer; got ${JSON.stringify(value)}.`);
-  }
-  return value;
-}
-
-function functionOption<F>(name: string, value: F): F {
-  if (typeof value !== 'function') {
-    throw new IdempotencyOptionsError(name, `must be a function; got ${typeof value}.`);
-  }
-  return value;
-}
-
 function checkInProgress(value: unknown): number | undefined {
   if (value === undefined || value === 'reject') return undefined;
   if (value !== null && typeof value === 'object' && 'wait' in value) {
@@ -604,121 +586,4 @@ function checkSerializer<R>(value: ResultSerializer<R>): ResultSerializer<R> {
     serialize: (result) => serialize.call(value, result),
     deserialize: (bytes) => deserialize.call(value, bytes),
   };
-}
-
-/**
- * How the broker wrappers retry: the one policy `@oncely/amqp` and `@oncely/nats` share, exported so that other
- * consumers (Kafka, SQS: see docs/consumers.md) can settle messages the same way.
- */
-export interface ConsumerRetryOptions {
-  /** Attempts a message gets before it is dead-lettered; the first delivery is attempt 1. Default: `5`. */
-  maxAttempts?: number;
-  /** Delay before a failed message is tried again, or a function of the failures so far. Default: 1s doubling, at most 60s. */
-  retryDelay?: Duration | ((failures: number) => Duration);
-  /** Delay before a message whose key is held by a running call is looked at again. Default: `'1s'`. */
-  inProgressDelay?: Duration;
-  /** Which errors no retry can fix: dead-lettered at once, and stored so duplicates are too. Default: `PermanentError`. */
-  isPermanent?: (error: unknown) => boolean;
-}
-
-/** `ConsumerRetryOptions` after validation. */
-export interface ConsumerRetryPolicy {
-  maxAttempts: number;
-  inProgressDelayMs: number;
-  isPermanent: (error: unknown) => boolean;
-  /** The delay after the `failures`-th failure, in ms (a bad value from a `retryDelay` function falls back to the default). */
-  retryDelayMs(failures: number): number;
-}
-
-/** What to do with a message, in broker-neutral words. */
-export type ConsumerSettlement =
-  /** The work is done (now, or by an earlier delivery): acknowledge. */
-  | { action: 'ack'; reason: 'executed' | 'replayed' | 'unstorable' }
-  /** Nothing ran; look at the message again after `delayMs` without counting a failure. */
-  | { action: 'delay'; reason: 'in-progress' | 'store-error'; delayMs: number }
-  /** The work failed `failures` times so far; try again after `delayMs`. */
-  | { action: 'retry'; reason: 'failed'; delayMs: number; failures: number; error: unknown }
-  /** No retry can help: hand the message to the dead-letter destination. */
-  | {
-      action: 'dead-letter';
-      reason: 'permanent' | 'mismatch' | 'invalid-key' | 'missing-key' | 'retries-exhausted';
-      error?: unknown;
-    };
-
-const CONSUMER_OPTIONS = ['maxAttempts', 'retryDelay', 'inProgressDelay', 'isPermanent'] as const;
-
-const defaultRetryDelayMs = (failures: number): number =>
-  Math.min(1000 * 2 ** Math.max(failures - 1, 0), 60_000);
-
-/** Validates the retry options (throwing `IdempotencyOptionsError`) and applies their defaults. */
-export function resolveConsumerRetryPolicy(
-  options: ConsumerRetryOptions,
-  logger?: Logger,
-): ConsumerRetryPolicy {
-  const log = logger ?? silentLogger;
-  const maxAttempts =
-    options.maxAttempts === undefined ? 5 : integerOption('maxAttempts', options.maxAttempts);
-  const inProgressDelayMs =
-    options.inProgressDelay === undefined ? 1000 : durationOption('inProgressDelay', options.inProgressDelay);
-  const isPermanent =
-    options.isPermanent === undefined
-      ? defaultIsPermanent
-      : functionOption('isPermanent', options.isPermanent);
-  const retryDelay = options.retryDelay;
-  let retryDelayMs: (failures: number) => number;
-  if (retryDelay === undefined) {
-    retryDelayMs = defaultRetryDelayMs;
-  } else if (typeof retryDelay === 'function') {
-    retryDelayMs = (failures) => {
-      try {
-        return durationOption('retryDelay', retryDelay(failures));
-      } catch (error) {
-        log.error(
-          { err: error, failures },
-          'oncely: retryDelay() failed or gave no duration; using the default',
-        );
-        return defaultRetryDelayMs(failures);
-      }
-    };
-  } else {
-    const ms = durationOption('retryDelay', retryDelay);
-    retryDelayMs = () => ms;
-  }
-  return { maxAttempts, inProgressDelayMs, isPermanent, retryDelayMs };
-}
-
-/** The names `resolveConsumerRetryPolicy` reads, for a wrapper's unknown-option check. */
-export const CONSUMER_RETRY_OPTIONS: readonly string[] = CONSUMER_OPTIONS;
-
-/**
- * Settles a message whose idempotent call threw `error`, after `failuresBefore` earlier failed attempts. A broker
- * wrapper maps the answer to its own verbs (ack, delayed requeue, nack to the dead-letter exchange, term).
- */
-export function settlementFor(
-  policy: ConsumerRetryPolicy,
-  error: unknown,
-  failuresBefore: number,
-): ConsumerSettlement {
-  if (error instanceof IdempotencyInProgressError) {
-    return { action: 'delay', reason: 'in-progress', delayMs: policy.inProgressDelayMs };
-  }
-  if (error instanceof IdempotencyStoreError) {
-    return { action: 'delay', reason: 'store-error', delayMs: policy.inProgressDelayMs };
-  }
-  // The work ran once; only its (unused) result was not kept. Acking is right: redelivery would only replay this.
-  if (error instanceof UnstorableResultError) return { action: 'ack', reason: 'unstorable' };
-  if (error instanceof IdempotencyMismatchError) return { action: 'dead-letter', reason: 'mismatch', error };
-  if (error instanceof IdempotencyKeyError) return { action: 'dead-letter', reason: 'invalid-key', error };
-  let permanent = error instanceof PermanentError;
-  if (!permanent) {
-    try {
-      permanent = policy.isPermanent(error) === true;
-    } catch {
-      permanent = false;
-    }
-  }
-  if (permanent) return { action: 'dead-letter', reason: 'permanent', error };
-  const failures = failuresBefore + 1;
-  if (failures >= policy.maxAttempts) return { action: 'dead-letter', reason: 'retries-exhausted', error };
-  return { action: 'retry', reason: 'failed', delayMs: policy.retryDelayMs(failures), failures, error };
 }

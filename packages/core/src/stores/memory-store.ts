@@ -1,5 +1,5 @@
-import { type Duration, parseDuration } from './duration';
-import { IdempotencyOptionsError } from './errors';
+import { type Duration, parseDuration } from '../shared/duration';
+import { IdempotencyOptionsError } from '../shared/errors';
 import type {
   AcquireOptions,
   AcquireResult,

@@ -1,7 +1,14 @@
+import { type Logger, silentLogger } from '../shared/logger';
+import type {
+  AcquireResult,
+  StoredResponse,
+  StoreTransaction,
+  TransactionAcquiredResult,
+  TransactionalIdempotencyStore,
+} from '../stores/store';
 import { defaultFingerprint } from './fingerprint';
 import { type OutgoingHeaderValue, storableHeaders } from './headers';
 import { type KeyProblem, parseKey } from './key';
-import { type Logger, silentLogger } from './logger';
 import {
   type IdempotencyHooks,
   type IdempotencyOptions,
@@ -9,13 +16,6 @@ import {
   resolveOptions,
 } from './options';
 import { PROBLEM_TYPES, problemResponse } from './problems';
-import type {
-  AcquireResult,
-  StoredResponse,
-  StoreTransaction,
-  TransactionAcquiredResult,
-  TransactionalIdempotencyStore,
-} from './store';
 
 /** What the handler can read while oncely covers its request (`req.idempotency`). */
 export interface IdempotencyContext {

@@ -1,9 +1,10 @@
-import { type Duration, parseDuration } from './duration';
-import { IdempotencyOptionsError } from './errors';
+import { checkLogger, checkStore, positiveDuration } from '../shared/checks';
+import type { Duration } from '../shared/duration';
+import { IdempotencyOptionsError } from '../shared/errors';
+import type { Logger } from '../shared/logger';
+import { MemoryStore } from '../stores/memory-store';
+import type { IdempotencyStore, TransactionalIdempotencyStore } from '../stores/store';
 import { ALWAYS_EXCLUDED_HEADERS, TOKEN } from './headers';
-import type { Logger } from './logger';
-import { MemoryStore } from './memory-store';
-import type { IdempotencyStore, TransactionalIdempotencyStore } from './store';
 
 /** Payloads of the observation hooks. `key` is the store key (scope included). */
 export interface IdempotencyEvent {
@@ -247,35 +248,6 @@ export function resolveOptions<Req>(
   return resolved;
 }
 
-/** @internal shared with idempotent() */
-export function checkStore(store: IdempotencyStore): IdempotencyStore {
-  for (const method of ['acquire', 'complete', 'release', 'renew'] as const) {
-    if (typeof store?.[method] !== 'function') {
-      throw new IdempotencyOptionsError(
-        'store',
-        `must implement the IdempotencyStore interface (missing ${method}()); use new MemoryStore() or a store package such as @oncely/redis.`,
-      );
-    }
-  }
-  return store;
-}
-
-/** @internal shared with idempotent() and the broker wrappers (as `durationOption`) */
-export function positiveDuration(name: string, value: unknown): number {
-  let ms: number;
-  try {
-    ms = parseDuration(value as string);
-  } catch {
-    throw new IdempotencyOptionsError(
-      name,
-      `must be a duration: a number of milliseconds or a string like '30s', '24h'; got ${JSON.stringify(value)}.`,
-    );
-  }
-  if (ms < 1) throw new IdempotencyOptionsError(name, `must be at least 1ms; got ${JSON.stringify(value)}.`);
-  // Whole milliseconds: stores pass these to commands (Redis PEXPIRE) that refuse fractions.
-  return Math.ceil(ms);
-}
-
 function positiveInteger(name: string, value: unknown): number {
   if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 1) {
     throw new IdempotencyOptionsError(name, `must be a positive integer; got ${JSON.stringify(value)}.`);
@@ -366,19 +338,6 @@ function checkOnStoreError(value: unknown): boolean {
     'onStoreError',
     `must be 'fail-closed' or 'fail-open'; got ${JSON.stringify(value)}.`,
   );
-}
-
-/** @internal shared with idempotent() */
-export function checkLogger(value: Logger): Logger {
-  for (const level of ['debug', 'info', 'warn', 'error'] as const) {
-    if (typeof value?.[level] !== 'function') {
-      throw new IdempotencyOptionsError(
-        'logger',
-        `must be a pino-compatible logger with a ${level}() method.`,
-      );
-    }
-  }
-  return value;
 }
 
 function checkHooks(value: IdempotencyHooks): IdempotencyHooks {

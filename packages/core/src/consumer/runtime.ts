@@ -1,0 +1,356 @@
+import { checkLogger, durationOption, functionOption, integerOption } from '../shared/checks';
+import type { Duration } from '../shared/duration';
+import { IdempotencyOptionsError } from '../shared/errors';
+import { type Logger, silentLogger } from '../shared/logger';
+import type { IdempotencyStore } from '../stores/store';
+import {
+  IdempotencyInProgressError,
+  IdempotencyKeyError,
+  IdempotencyMismatchError,
+  IdempotencyStoreError,
+  PermanentError,
+  UnstorableResultError,
+} from './errors';
+import { defaultIsPermanent, idempotentOutcome } from './idempotent';
+
+// The consumers' counterpart of the HTTP engine: one place decides what happens to a delivery (run, replay, wait,
+// retry, dead-letter); a broker package reads keys from its message type and turns the settlement into its verbs.
+
+/**
+ * How the broker wrappers retry: the one policy `@oncely/amqp` and `@oncely/nats` share, exported so that other
+ * consumers (Kafka, SQS: see docs/consumers.md) can settle messages the same way.
+ */
+export interface ConsumerRetryOptions {
+  /** Attempts a message gets before it is dead-lettered; the first delivery is attempt 1. Default: `5`. */
+  maxAttempts?: number;
+  /** Delay before a failed message is tried again, or a function of the failures so far. Default: 1s doubling, at most 60s. */
+  retryDelay?: Duration | ((failures: number) => Duration);
+  /** Delay before a message whose key is held by a running call is looked at again. Default: `'1s'`. */
+  inProgressDelay?: Duration;
+  /** Which errors no retry can fix: dead-lettered at once, and stored so duplicates are too. Default: `PermanentError`. */
+  isPermanent?: (error: unknown) => boolean;
+}
+
+/** `ConsumerRetryOptions` after validation. */
+export interface ConsumerRetryPolicy {
+  maxAttempts: number;
+  inProgressDelayMs: number;
+  isPermanent: (error: unknown) => boolean;
+  /** The delay after the `failures`-th failure, in ms (a bad value from a `retryDelay` function falls back to the default). */
+  retryDelayMs(failures: number): number;
+}
+
+/** What to do with a message, in broker-neutral words. */
+export type ConsumerSettlement =
+  /** The work is done (now, or by an earlier delivery): acknowledge. */
+  | { action: 'ack'; reason: 'executed' | 'replayed' | 'unstorable' }
+  /** Nothing ran; look at the message again after `delayMs` without counting a failure. */
+  | { action: 'delay'; reason: 'in-progress' | 'store-error'; delayMs: number }
+  /** The work failed `failures` times so far; try again after `delayMs`. */
+  | { action: 'retry'; reason: 'failed'; delayMs: number; failures: number; error: unknown }
+  /** No retry can help: hand the message to the dead-letter destination. */
+  | {
+      action: 'dead-letter';
+      reason: 'permanent' | 'mismatch' | 'invalid-key' | 'missing-key' | 'retries-exhausted';
+      error?: unknown;
+    };
+
+const CONSUMER_OPTIONS = ['maxAttempts', 'retryDelay', 'inProgressDelay', 'isPermanent'] as const;
+
+const defaultRetryDelayMs = (failures: number): number =>
+  Math.min(1000 * 2 ** Math.max(failures - 1, 0), 60_000);
+
+/** Validates the retry options (throwing `IdempotencyOptionsError`) and applies their defaults. */
+export function resolveConsumerRetryPolicy(
+  options: ConsumerRetryOptions,
+  logger?: Logger,
+): ConsumerRetryPolicy {
+  const log = logger ?? silentLogger;
+  const maxAttempts =
+    options.maxAttempts === undefined ? 5 : integerOption('maxAttempts', options.maxAttempts);
+  const inProgressDelayMs =
+    options.inProgressDelay === undefined ? 1000 : durationOption('inProgressDelay', options.inProgressDelay);
+  const isPermanent =
+    options.isPermanent === undefined
+      ? defaultIsPermanent
+      : functionOption('isPermanent', options.isPermanent);
+  const retryDelay = options.retryDelay;
+  let retryDelayMs: (failures: number) => number;
+  if (retryDelay === undefined) {
+    retryDelayMs = defaultRetryDelayMs;
+  } else if (typeof retryDelay === 'function') {
+    retryDelayMs = (failures) => {
+      try {
+        return durationOption('retryDelay', retryDelay(failures));
+      } catch (error) {
+        log.error(
+          { err: error, failures },
+          'oncely: retryDelay() failed or gave no duration; using the default',
+        );
+        return defaultRetryDelayMs(failures);
+      }
+    };
+  } else {
+    const ms = durationOption('retryDelay', retryDelay);
+    retryDelayMs = () => ms;
+  }
+  return { maxAttempts, inProgressDelayMs, isPermanent, retryDelayMs };
+}
+
+/** The names `resolveConsumerRetryPolicy` reads, for a wrapper's unknown-option check. */
+export const CONSUMER_RETRY_OPTIONS: readonly string[] = CONSUMER_OPTIONS;
+
+/**
+ * Settles a message whose idempotent call threw `error`, after `failuresBefore` earlier failed attempts. A broker
+ * wrapper maps the answer to its own verbs (ack, delayed requeue, nack to the dead-letter exchange, term).
+ */
+export function settlementFor(
+  policy: ConsumerRetryPolicy,
+  error: unknown,
+  failuresBefore: number,
+): ConsumerSettlement {
+  if (error instanceof IdempotencyInProgressError) {
+    return { action: 'delay', reason: 'in-progress', delayMs: policy.inProgressDelayMs };
+  }
+  if (error instanceof IdempotencyStoreError) {
+    return { action: 'delay', reason: 'store-error', delayMs: policy.inProgressDelayMs };
+  }
+  // The work ran once; only its (unused) result was not kept. Acking is right: redelivery would only replay this.
+  if (error instanceof UnstorableResultError) return { action: 'ack', reason: 'unstorable' };
+  if (error instanceof IdempotencyMismatchError) return { action: 'dead-letter', reason: 'mismatch', error };
+  if (error instanceof IdempotencyKeyError) return { action: 'dead-letter', reason: 'invalid-key', error };
+  let permanent = error instanceof PermanentError;
+  if (!permanent) {
+    try {
+      permanent = policy.isPermanent(error) === true;
+    } catch {
+      permanent = false;
+    }
+  }
+  if (permanent) return { action: 'dead-letter', reason: 'permanent', error };
+  const failures = failuresBefore + 1;
+  if (failures >= policy.maxAttempts) return { action: 'dead-letter', reason: 'retries-exhausted', error };
+  return { action: 'retry', reason: 'failed', delayMs: policy.retryDelayMs(failures), failures, error };
+}
+
+/** What a broker wrapper did with one delivery, for metrics and logs (`onSettled`). */
+export interface ConsumerSettledEvent<M> {
+  /** The idempotency key, or `undefined` when the message had none. */
+  key: string | undefined;
+  /** `ack`: done (or a duplicate); `delay`/`retry`: looked at again later; `dead-letter`: handed to the dead-letter destination. */
+  action: ConsumerSettlement['action'];
+  reason: ConsumerSettlement['reason'];
+  /** Failed attempts counted for this message so far (after this delivery). */
+  failures: number;
+  /** The delay before the message comes back, for `delay` and `retry`. */
+  delayMs?: number;
+  /** The handler's (or store's) error, when there was one. */
+  error?: unknown;
+  message: M;
+}
+
+/** The options every broker wrapper takes, with the same names and defaults; `M` is the broker's message type. */
+export interface ConsumerOptions<M> extends ConsumerRetryOptions {
+  /** Where records live. Default: a new `MemoryStore()` (one process; competing consumers need a shared store). */
+  store?: IdempotencyStore;
+  /**
+   * A message without a key: `'dead-letter'` hands it to the dead-letter destination; `'process'` runs the handler
+   * without idempotency protection. Default: `'dead-letter'`.
+   */
+  onMissingKey?: 'dead-letter' | 'process';
+  /** What must match when a key is reused (else dead-letter), or `false`. Default: SHA-256 of the message's bytes. */
+  fingerprint?: ((msg: M) => string) | false;
+  /** How long a finished message's record is kept: duplicates within it are acked without running. Default: `'24h'`. */
+  ttl?: Duration;
+  /** Lease of a message being processed, renewed while the handler runs. Default: `'30s'`. */
+  lockTimeout?: Duration;
+  /** While another consumer processes the key: `'reject'` delays the message; `{ wait }` waits in-process first. */
+  inProgress?: 'reject' | { wait: Duration };
+  /** Longest key accepted; longer keys are dead-lettered. Default: `255`. */
+  maxKeyLength?: number;
+  /** A pino-compatible logger. Default: none. */
+  logger?: Logger;
+  /** Called after each delivery is settled. Exceptions are logged and ignored. */
+  onSettled?: (event: ConsumerSettledEvent<M>) => void;
+}
+
+/** What a broker wrapper tells the runtime about its broker. */
+export interface ConsumerBroker<M> {
+  /** The package, for option errors: `'@oncely/amqp'`. */
+  name: string;
+  /** The options the wrapper reads itself, besides the shared ones: `key`, its own. */
+  options: readonly string[];
+  /** The key of a message, or `undefined` when it has none. May throw: the message is dead-lettered as `invalid-key`. */
+  keyOf: (msg: M) => string | undefined;
+  /** The fingerprint when the user gives none: a hash of the message's bytes. */
+  fingerprint: (msg: M) => string;
+}
+
+/** One delivery's decision. */
+export interface ConsumerDecision {
+  key: string | undefined;
+  settlement: ConsumerSettlement;
+}
+
+/** The consumers' engine, made once per wrapped handler by `consumerRuntime()`. */
+export interface ConsumerRuntime<M> {
+  readonly policy: ConsumerRetryPolicy;
+  readonly log: Logger;
+  /**
+   * Decides one delivery, after `failuresBefore` failed attempts of the message: runs the work (the handler, or
+   * `work` when the wrapper adds to it) at most once per key across every consumer sharing the store (or, without
+   * a key and with `onMissingKey: 'process'`, unprotected), and says how to settle it. Never rejects.
+   */
+  decide(msg: M, failuresBefore: number, work?: () => unknown): Promise<ConsumerDecision>;
+  /** The `onSettled` event of a delivery settled as `settlement`, with `failures` counted after it. */
+  settledEvent(
+    msg: M,
+    key: string | undefined,
+    settlement: ConsumerSettlement,
+    failures: number,
+  ): ConsumerSettledEvent<M>;
+  /** Calls `onSettled` with `event`; its exceptions are logged and dropped (the delivery is settled already). */
+  report(event: ConsumerSettledEvent<M>): void;
+}
+
+const SHARED_CONSUMER_OPTIONS = [
+  'store',
+  'onMissingKey',
+  'fingerprint',
+  'ttl',
+  'lockTimeout',
+  'inProgress',
+  'maxKeyLength',
+  'logger',
+  'onSettled',
+  ...CONSUMER_OPTIONS,
+];
+
+/**
+ * Checks a broker wrapper's options once (throwing `IdempotencyOptionsError` naming the option) and returns the
+ * runtime that decides its deliveries. All policy is here; the wrapper turns settlements into its broker's verbs.
+ */
+export function consumerRuntime<M>(
+  handler: (msg: M) => unknown,
+  options: ConsumerOptions<M>,
+  broker: ConsumerBroker<M>,
+): ConsumerRuntime<M> {
+  if (typeof handler !== 'function') {
+    throw new IdempotencyOptionsError('handler', `must be a function (msg) => work; got ${typeof handler}.`);
+  }
+  if (options === null || typeof options !== 'object') {
+    throw new IdempotencyOptionsError(
+      'options',
+      'must be an object; pass {} or leave it out for the defaults.',
+    );
+  }
+  const known = new Set([...SHARED_CONSUMER_OPTIONS, ...broker.options]);
+  for (const name of Object.keys(options)) {
+    if (!known.has(name)) {
+      throw new IdempotencyOptionsError(
+        name,
+        `is not an option of ${broker.name}; known options: ${[...known].join(', ')}.`,
+      );
+    }
+  }
+  const log = options.logger === undefined ? silentLogger : checkLogger(options.logger);
+  const policy = resolveConsumerRetryPolicy(options, log);
+  const processWithoutKey = checkOnMissingKey(options.onMissingKey);
+  const fingerprint = options.fingerprint;
+  if (fingerprint !== undefined && fingerprint !== false && typeof fingerprint !== 'function') {
+    throw new IdempotencyOptionsError(
+      'fingerprint',
+      `must be a function (msg) => string, or false to disable the check; got ${typeof fingerprint}.`,
+    );
+  }
+  const onSettled = options.onSettled;
+  if (onSettled !== undefined && typeof onSettled !== 'function') {
+    throw new IdempotencyOptionsError('onSettled', `must be a function; got ${typeof onSettled}.`);
+  }
+  const { keyOf } = broker;
+
+  // The work's own result is not a consumer's business: `null` is what gets stored, so any handler fits.
+  const run = idempotentOutcome(
+    async (_msg: M, _key: string, work: () => unknown) => {
+      await work();
+      return null;
+    },
+    {
+      key: (_msg, key) => key,
+      fingerprint: fingerprint === false ? false : (msg) => (fingerprint ?? broker.fingerprint)(msg),
+      isPermanent: policy.isPermanent,
+      ...(options.store === undefined ? {} : { store: options.store }),
+      ...(options.ttl === undefined ? {} : { ttl: options.ttl }),
+      ...(options.lockTimeout === undefined ? {} : { lockTimeout: options.lockTimeout }),
+      ...(options.inProgress === undefined ? {} : { inProgress: options.inProgress }),
+      ...(options.maxKeyLength === undefined ? {} : { maxKeyLength: options.maxKeyLength }),
+      ...(options.logger === undefined ? {} : { logger: options.logger }),
+    },
+  );
+
+  return {
+    policy,
+    log,
+    async decide(msg, failuresBefore, work = () => handler(msg)) {
+      let key: string | undefined;
+      try {
+        key = keyOf(msg);
+      } catch (error) {
+        return {
+          key: undefined,
+          settlement: {
+            action: 'dead-letter',
+            reason: 'invalid-key',
+            error: new IdempotencyKeyError('the key function threw', { cause: error }),
+          },
+        };
+      }
+      if (key === undefined || key === '') {
+        if (!processWithoutKey)
+          return { key: undefined, settlement: { action: 'dead-letter', reason: 'missing-key' } };
+        log.warn({}, 'oncely: message without an idempotency key processed WITHOUT protection');
+        try {
+          await work();
+          return { key: undefined, settlement: { action: 'ack', reason: 'executed' } };
+        } catch (error) {
+          return { key: undefined, settlement: settlementFor(policy, error, failuresBefore) };
+        }
+      }
+      try {
+        const { outcome } = await run(msg, key, work);
+        return { key, settlement: { action: 'ack', reason: outcome } };
+      } catch (error) {
+        return { key, settlement: settlementFor(policy, error, failuresBefore) };
+      }
+    },
+    settledEvent(msg, key, settlement, failures) {
+      const event: ConsumerSettledEvent<M> = {
+        key,
+        action: settlement.action,
+        reason: settlement.reason,
+        failures,
+        message: msg,
+      };
+      if ('delayMs' in settlement) event.delayMs = settlement.delayMs;
+      if ('error' in settlement && settlement.error !== undefined) event.error = settlement.error;
+      return event;
+    },
+    report(event) {
+      if (onSettled === undefined) return;
+      try {
+        onSettled(event);
+      } catch (error) {
+        log.error({ err: error }, 'oncely: onSettled threw; ignored');
+      }
+    },
+  };
+}
+
+function checkOnMissingKey(value: unknown): boolean {
+  if (value === undefined || value === 'dead-letter') return false;
+  if (value === 'process') return true;
+  throw new IdempotencyOptionsError(
+    'onMissingKey',
+    `must be 'dead-letter' or 'process'; got ${JSON.stringify(value)}.`,
+  );
+}

@@ -1,0 +1,65 @@
+import type { IdempotencyStore } from '../stores/store';
+import { parseDuration } from './duration';
+import { IdempotencyOptionsError } from './errors';
+import type { Logger } from './logger';
+
+// Option checks shared by the HTTP engine's options, idempotent() and the broker wrappers.
+
+export function checkStore(store: IdempotencyStore): IdempotencyStore {
+  for (const method of ['acquire', 'complete', 'release', 'renew'] as const) {
+    if (typeof store?.[method] !== 'function') {
+      throw new IdempotencyOptionsError(
+        'store',
+        `must implement the IdempotencyStore interface (missing ${method}()); use new MemoryStore() or a store package such as @oncely/redis.`,
+      );
+    }
+  }
+  return store;
+}
+
+/** A duration option in whole milliseconds (exported as `durationOption` for the broker wrappers). */
+export function positiveDuration(name: string, value: unknown): number {
+  let ms: number;
+  try {
+    ms = parseDuration(value as string);
+  } catch {
+    throw new IdempotencyOptionsError(
+      name,
+      `must be a duration: a number of milliseconds or a string like '30s', '24h'; got ${JSON.stringify(value)}.`,
+    );
+  }
+  if (ms < 1) throw new IdempotencyOptionsError(name, `must be at least 1ms; got ${JSON.stringify(value)}.`);
+  // Whole milliseconds: stores pass these to commands (Redis PEXPIRE) that refuse fractions.
+  return Math.ceil(ms);
+}
+
+export function checkLogger(value: Logger): Logger {
+  for (const level of ['debug', 'info', 'warn', 'error'] as const) {
+    if (typeof value?.[level] !== 'function') {
+      throw new IdempotencyOptionsError(
+        'logger',
+        `must be a pino-compatible logger with a ${level}() method.`,
+      );
+    }
+  }
+  return value;
+}
+
+/** A positive duration in whole ms; `name` is the option to blame. Exported for the broker wrappers' own options. */
+export function durationOption(name: string, value: unknown): number {
+  return positiveDuration(name, value);
+}
+
+export function integerOption(name: string, value: unknown): number {
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 1) {
+    throw new IdempotencyOptionsError(name, `must be a positive integer; got ${JSON.stringify(value)}.`);
+  }
+  return value;
+}
+
+export function functionOption<F>(name: string, value: F): F {
+  if (typeof value !== 'function') {
+    throw new IdempotencyOptionsError(name, `must be a function; got ${typeof value}.`);
+  }
+  return value;
+}
