@@ -423,3 +423,43 @@ describe('unscoped keys behind credentials', () => {
     expect(() => new Idempotency({ scope: true as never })).toThrow(/option "scope" .*or false/);
   });
 });
+
+describe('Execution.abandon: the adapter lost track of a handler that may still run', () => {
+  test('nothing is stored or released: a retry gets 409 until the lease lapses, then runs', async () => {
+    const store = new MemoryStore();
+    const engine = new Idempotency({ store, lockTimeout: 120 });
+    const execution = expectExecute(await engine.handle(input('abandoned')));
+    await sleep(100); // renewed once meanwhile (every lockTimeout / 3)
+    execution.abandon();
+    // What is sent now is not the handler's answer: it is not stored.
+    await execution.complete({ status: 408, headers: {}, body: Buffer.from('timeout') });
+    const during = await engine.handle(input('abandoned'));
+    expect(during.action).toBe('respond');
+    if (during.action === 'respond') expect(during.response.status).toBe(409);
+    await sleep(200); // no renewal after abandon(): the lease lapses
+    expect((await engine.handle(input('abandoned'))).action).toBe('execute');
+  });
+
+  test('headersBeforeHandler: headers still there unchanged are not stored, changed ones are', async () => {
+    const store = new MemoryStore();
+    const engine = new Idempotency({ store });
+    const execution = expectExecute(await engine.handle(input('outer')));
+    const outer = {
+      'x-request-id': 'req-1',
+      'access-control-allow-origin': 'https://a.example',
+      vary: 'Origin',
+    };
+    execution.headersBeforeHandler(outer);
+    await execution.complete({
+      status: 201,
+      headers: { ...outer, vary: 'Origin, Accept', 'content-type': 'application/json' },
+      body: Buffer.from('{}'),
+    });
+    const replay = await engine.handle(input('outer'));
+    if (replay.action !== 'respond') throw new Error('expected a replay');
+    expect(replay.response.headers['x-request-id']).toBeUndefined();
+    expect(replay.response.headers['access-control-allow-origin']).toBeUndefined();
+    expect(replay.response.headers.vary).toBe('Origin, Accept');
+    expect(replay.response.headers['content-type']).toBe('application/json');
+  });
+});

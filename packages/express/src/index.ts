@@ -80,6 +80,7 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
         if (decision.action === 'pass') return next();
         if (decision.action === 'respond') return send(res, decision.response);
         const { execution } = decision;
+        execution.headersBeforeHandler(res.getHeaders());
         const state: RequestState = { execution, error: undefined, capture: undefined };
         states.set(res, state);
         req.idempotencyKey = execution.clientKey;
@@ -113,6 +114,19 @@ export function noteHandlerError(res: Response, error: unknown): boolean {
   if (state === undefined) return false;
   // An `undefined` thrown would not read as an error: note one.
   if (state.error === undefined) state.error = error ?? new Error('the handler failed');
+  return true;
+}
+
+/**
+ * Tells oncely that the framework gave up the handler of a covered request before it settled (NestJS unsubscribes
+ * from it when the client leaves or a timeout interceptor fires) while it may still be running: the key is not
+ * released, so no retry runs beside it; its lease lapses after `lockTimeout` (see `Execution.abandon`). Returns
+ * whether oncely covers `res`.
+ */
+export function noteHandlerAbandoned(res: Response): boolean {
+  const state = states.get(res);
+  if (state === undefined) return false;
+  if (state.capture?.ended !== true) state.execution.abandon();
   return true;
 }
 

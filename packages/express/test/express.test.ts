@@ -32,6 +32,31 @@ describe.each(versions)('%s specifics', (_name, expressModule) => {
     expect(runs).toBe(1);
   });
 
+  test("headers set before oncely ran (CORS, a request id) are fresh on a replay; the handler's are stored", async () => {
+    const app = expressModule();
+    let requests = 0;
+    app.use((req, res, next) => {
+      res.setHeader('x-request-id', `req-${++requests}`);
+      res.setHeader('access-control-allow-origin', String(req.headers.origin));
+      next();
+    });
+    app.use(expressModule.json());
+    app.use(idempotency());
+    app.post('/charges', (_req, res) => {
+      res.setHeader('x-charge', 'ch_1');
+      res.status(201).json({ ok: true });
+    });
+    const send = (origin: string) =>
+      request(app).post('/charges').set('Origin', origin).set('Idempotency-Key', 'cors').send({});
+    const first = await send('https://a.example');
+    const replay = await send('https://b.example');
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(first.headers['x-request-id']).toBe('req-1');
+    expect(replay.headers['x-request-id']).toBe('req-2');
+    expect(replay.headers['access-control-allow-origin']).toBe('https://b.example');
+    expect(replay.headers['x-charge']).toBe('ch_1');
+  });
+
   test('only the route it is mounted on is covered', async () => {
     const app = expressModule();
     app.use(expressModule.json());

@@ -93,6 +93,7 @@ async function idempotencyPluginAsync(
         req[kState] = { execution: undefined, error: undefined, stream: undefined };
         return send(reply, decision.response);
       }
+      decision.execution.headersBeforeHandler(reply.getHeaders());
       request.idempotencyKey = decision.execution.clientKey;
       request.idempotency = { key: decision.execution.clientKey, db: decision.execution.db };
       const state: RequestState = { execution: decision.execution, error: undefined, stream: undefined };
@@ -365,9 +366,23 @@ function describe(payload: unknown): string {
  */
 export function noteHandlerError(request: FastifyRequest, error: unknown): boolean {
   const state = (request as StatefulRequest)[kState];
-  if (state === null || state === undefined) return false;
+  // Not covered, or answered by oncely itself (a replay, a problem), or settled already.
+  if (state === null || state === undefined || state.execution === undefined) return false;
   // An `undefined` thrown would not read as an error: note one.
   if (state.error === undefined) state.error = error ?? new Error('the handler failed');
+  return true;
+}
+
+/**
+ * Tells oncely that the framework gave up the handler of a covered request before it settled (NestJS unsubscribes
+ * from it when the client leaves or a timeout interceptor fires) while it may still be running: the key is not
+ * released, so no retry runs beside it; its lease lapses after `lockTimeout` (see `Execution.abandon`). Returns
+ * whether oncely covers `request`.
+ */
+export function noteHandlerAbandoned(request: FastifyRequest): boolean {
+  const state = (request as StatefulRequest)[kState];
+  if (state === null || state === undefined || state.execution === undefined) return false;
+  state.execution.abandon();
   return true;
 }
 

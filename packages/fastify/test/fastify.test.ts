@@ -67,6 +67,36 @@ describe('@oncely/fastify specifics', () => {
     await app.close();
   });
 
+  test('headers set before oncely ran (an onRequest hook: CORS, a request id) are fresh on a replay', async () => {
+    const app = Fastify();
+    let requests = 0;
+    app.addHook('onRequest', async (request, reply) => {
+      reply.header('x-request-id', `req-${++requests}`);
+      reply.header('access-control-allow-origin', String(request.headers.origin));
+    });
+    await app.register(idempotencyPlugin);
+    app.post('/charges', async (_request, reply) => {
+      reply.header('x-charge', 'ch_1');
+      reply.code(201);
+      return { ok: true };
+    });
+    const send = (origin: string) =>
+      app.inject({
+        method: 'POST',
+        url: '/charges',
+        headers: { origin, 'idempotency-key': 'cors' },
+        payload: {},
+      });
+    const first = await send('https://a.example');
+    const replay = await send('https://b.example');
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(first.headers['x-request-id']).toBe('req-1');
+    expect(replay.headers['x-request-id']).toBe('req-2');
+    expect(replay.headers['access-control-allow-origin']).toBe('https://b.example');
+    expect(replay.headers['x-charge']).toBe('ch_1');
+    await app.close();
+  });
+
   test('global: false covers only routes whose config.idempotency is set', async () => {
     const app = Fastify();
     await app.register(idempotencyPlugin, { global: false });

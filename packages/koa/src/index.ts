@@ -65,10 +65,10 @@ export function idempotency(options: KoaIdempotencyOptions = {}): Middleware {
     ctx.state.idempotency = { key: execution.clientKey, db: execution.db };
     // Headers set before oncely ran (CORS, a request id) belong to the middlewares outside it, which set them
     // afresh on a replay: only what the inner ones set or change is stored.
-    const outerHeaders = ctx.res.getHeaders();
+    execution.headersBeforeHandler(ctx.res.getHeaders());
     try {
       await next();
-      await capture(ctx, execution, outerHeaders);
+      await capture(ctx, execution);
     } catch (error) {
       // Thrown by a later middleware or the handler (or the body failed before any of it was sent): the key is
       // released, so a retry runs again, and the error goes on to the app's error handling as usual.
@@ -132,7 +132,7 @@ const EMPTY = Buffer.alloc(0);
  * oncely sees the same on both. It runs after this and may transform the response (compression, say); it does the
  * same to a replay.
  */
-async function capture(ctx: Context, execution: Execution, outerHeaders: Headers): Promise<void> {
+async function capture(ctx: Context, execution: Execution): Promise<void> {
   const res = ctx.res;
   if (ctx.respond === false || res.headersSent) {
     // The handler answers through ctx.res itself, around Koa and oncely: its bytes cannot be held, so the
@@ -180,17 +180,11 @@ async function capture(ctx: Context, execution: Execution, outerHeaders: Headers
       } catch (error) {
         // Koa destroys the body stream when the client leaves: the handler ran, so the request is kept as executed
         // (a retry gets a 410), not released to run again. Otherwise the body failed before any of it was sent.
-        if (res.destroyed || !ctx.writable) await executedWithoutBody(ctx, execution, outerHeaders);
+        if (res.destroyed || !ctx.writable) await executedWithoutBody(ctx, execution);
         throw error;
       }
       if (read.rest !== undefined) {
-        ctx.body = continuation(
-          ctx,
-          execution,
-          read.chunks,
-          read.rest,
-          innerHeaders(res.getHeaders(), outerHeaders),
-        );
+        ctx.body = continuation(ctx, execution, read.chunks, read.rest, res.getHeaders());
         return;
       }
       bytes = read.chunks.length === 1 ? (read.chunks[0] as Buffer) : Buffer.concat(read.chunks);
@@ -199,7 +193,7 @@ async function capture(ctx: Context, execution: Execution, outerHeaders: Headers
   }
   const replacement = await execution.complete({
     status: ctx.status,
-    headers: innerHeaders(res.getHeaders(), outerHeaders),
+    headers: res.getHeaders(),
     body: bytes.byteLength <= execution.maxBodyBytes ? bytes : undefined,
   });
   if (replacement !== undefined) {
@@ -209,31 +203,8 @@ async function capture(ctx: Context, execution: Execution, outerHeaders: Headers
   }
 }
 
-function executedWithoutBody(ctx: Context, execution: Execution, outerHeaders: Headers): Promise<unknown> {
-  return execution.complete({
-    status: ctx.status,
-    headers: innerHeaders(ctx.res.getHeaders(), outerHeaders),
-    body: undefined,
-  });
-}
-
-/** The headers set or changed since `outer` was taken. */
-function innerHeaders(now: Headers, outer: Headers): Headers {
-  let same = true;
-  for (const name in outer) if (now[name] !== outer[name]) same = false;
-  if (same) {
-    // Nearly always: the outer middlewares' headers are all still there, unchanged; drop them.
-    let inner: Headers | undefined;
-    for (const name in now) {
-      if (name in outer) continue;
-      inner ??= {};
-      inner[name] = now[name];
-    }
-    return inner ?? {};
-  }
-  const inner: Headers = {};
-  for (const name in now) if (now[name] !== outer[name]) inner[name] = now[name];
-  return inner;
+function executedWithoutBody(ctx: Context, execution: Execution): Promise<unknown> {
+  return execution.complete({ status: ctx.status, headers: ctx.res.getHeaders(), body: undefined });
 }
 
 type Chunks = AsyncIterator<unknown>;

@@ -13,6 +13,11 @@ export type IdempotentSetting = IdempotentOptions | false;
  * `global: true`.
  */
 export function Idempotent(options: IdempotentOptions | false = {}): ClassDecorator & MethodDecorator {
+  if (options !== false && (options === null || typeof options !== 'object')) {
+    throw new TypeError(
+      `@oncely/nestjs: @Idempotent() takes options, or false to opt out; got ${JSON.stringify(options)}. Use @Idempotent() to cover with the module's options.`,
+    );
+  }
   return SetMetadata<string, IdempotentSetting>(IDEMPOTENT_METADATA, options);
 }
 

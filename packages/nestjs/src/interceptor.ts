@@ -4,12 +4,21 @@ import {
   Inject,
   Injectable,
   type NestInterceptor,
+  RequestTimeoutException,
+  StreamableFile,
 } from '@nestjs/common';
-import { noteHandlerError as noteExpressError } from '@oncely/express';
-import { noteHandlerError as noteFastifyError } from '@oncely/fastify';
+import {
+  noteHandlerAbandoned as abandonExpress,
+  noteHandlerError as noteExpressError,
+} from '@oncely/express';
+import {
+  noteHandlerAbandoned as abandonFastify,
+  noteHandlerError as noteFastifyError,
+} from '@oncely/fastify';
 import type { Request, Response } from 'express';
 import type { FastifyRequest } from 'fastify';
-import { catchError, Observable, type Subscription, throwError } from 'rxjs';
+import { catchError, Observable, type Subscription, TimeoutError, throwError } from 'rxjs';
+import { enteredRequests } from './entered';
 import { type ExpressRoute, IdempotencyRoutes } from './routes';
 
 /**
@@ -18,7 +27,21 @@ import { type ExpressRoute, IdempotencyRoutes } from './routes';
  * here instead, so the key is released and the filter's answer (a 400 as much as a 500) is sent, not stored.
  */
 function noteFailure(request: object, response: object, error: unknown): void {
-  if (!noteExpressError(response as Response, error)) noteFastifyError(request as FastifyRequest, error);
+  if (isTimeout(error)) noteAbandoned(request, response);
+  else if (!noteExpressError(response as Response, error)) noteFastifyError(request as FastifyRequest, error);
+}
+
+/** The handler may still be running: its key must not be released, only left to lapse. */
+function noteAbandoned(request: object, response: object): void {
+  if (!abandonExpress(response as Response)) abandonFastify(request as FastifyRequest);
+}
+
+/**
+ * A timeout interceptor's error (rxjs `TimeoutError`, or the `RequestTimeoutException` Nest's docs map it to):
+ * the handler did not fail, it is still running, so releasing its key would let a retry run beside it.
+ */
+function isTimeout(error: unknown): boolean {
+  return error instanceof TimeoutError || error instanceof RequestTimeoutException;
 }
 
 /**
@@ -40,26 +63,59 @@ export class IdempotencyInterceptor implements NestInterceptor {
     const http = context.switchToHttp();
     const request = http.getRequest<object>();
     const response = http.getResponse<object>();
-    if (platform === 'fastify') return handled(next, request, response);
+    if (platform === 'fastify') {
+      enteredRequests.add(request);
+      return handled(next, request, response);
+    }
     const route = this.#routes.expressRoute(context.getClass(), context.getHandler());
     if (route === null) return next.handle();
     return runExpress(route, request as Request, response as Response, next);
   }
 }
 
+/**
+ * The handler's Observable, telling the adapter when the handler failed: it threw, a `StreamableFile` it returned
+ * failed while streaming (Nest's error handler then answers with the headers oncely still holds), or Nest gave it
+ * up before it settled (unsubscribed: the client left), after which nothing would end the response through oncely.
+ */
 function handled(next: CallHandler, request: object, response: object): Observable<unknown> {
-  return next.handle().pipe(
-    catchError((error: unknown) => {
-      noteFailure(request, response, error);
-      return throwError(() => error);
-    }),
-  );
+  return new Observable<unknown>((subscriber) => {
+    let settled = false;
+    const subscription = next
+      .handle()
+      .pipe(
+        catchError((error: unknown) => {
+          settled = true;
+          noteFailure(request, response, error);
+          return throwError(() => error);
+        }),
+      )
+      .subscribe({
+        next: (value) => {
+          if (value instanceof StreamableFile) {
+            value.getStream().once('error', (error: unknown) => noteFailure(request, response, error));
+          }
+          subscriber.next(value);
+        },
+        error: (error: unknown) => subscriber.error(error),
+        complete: () => {
+          settled = true;
+          subscriber.complete();
+        },
+      });
+    return () => {
+      subscription.unsubscribe();
+      if (!settled) noteAbandoned(request, response);
+    };
+  });
 }
 
 /**
  * Runs the middleware with the real request and response, and the handler as its `next`. When oncely answers
- * itself (a replay, a 409, a problem), `next` is never called and the Observable never emits: Nest then has
- * nothing to send, and the answer oncely sent is the only one.
+ * itself (a replay, a 409, a problem), `next` is never called and the handler never runs: once that answer is
+ * out, the Observable emits `undefined` and completes, so interceptors outside this one finish as for any
+ * request (a timeout interceptor's timer stops), and what Nest then sends for it goes nowhere (`send` and `json`
+ * of that response do nothing any more): the answer oncely sent is the only one.
  */
 function runExpress(
   route: ExpressRoute,
@@ -70,10 +126,22 @@ function runExpress(
   return new Observable<unknown>((subscriber) => {
     let handler: Subscription | undefined;
     let continued = false;
+    const answeredByOncely = (): void => {
+      if (continued) return;
+      continued = true;
+      response.send = sentAlready;
+      response.json = sentAlready;
+      subscriber.next(undefined);
+      subscriber.complete();
+    };
+    response.once('finish', answeredByOncely);
+    response.once('close', answeredByOncely);
     const held = holdHeaders(response, route.decoratorHeaders);
     route.middleware(request, response, (error?: unknown) => {
       if (continued) return;
       continued = true;
+      response.off('finish', answeredByOncely);
+      response.off('close', answeredByOncely);
       restoreHeaders(response, held);
       // The engine itself failed: Nest's filters answer, as for any error.
       if (error !== undefined) return subscriber.error(error);
@@ -81,6 +149,11 @@ function runExpress(
     });
     return () => handler?.unsubscribe();
   });
+}
+
+/** `send`/`json` of a response oncely answered itself: Nest's reply for it must not write a second one. */
+function sentAlready(this: Response): Response {
+  return this;
 }
 
 type HeldHeaders = [name: string, value: number | string | string[]][] | undefined;

@@ -1,10 +1,11 @@
 import { Inject, Injectable, type Type } from '@nestjs/common';
 import { DiscoveryService, HttpAdapterHost, MetadataScanner } from '@nestjs/core';
 import { idempotency } from '@oncely/express';
-import { idempotencyPlugin } from '@oncely/fastify';
+import { idempotencyPlugin, noteHandlerError } from '@oncely/fastify';
 import type { RequestHandler } from 'express';
 import type { FastifyInstance } from 'fastify';
 import { IDEMPOTENT_METADATA, type IdempotentSetting } from './decorators';
+import { enteredRequests } from './entered';
 import { checkRouteOptions, type ModuleConfig } from './options';
 import { IDEMPOTENCY_CONFIG } from './tokens';
 
@@ -30,12 +31,8 @@ export interface ExpressRoute {
   decoratorHeaders: readonly string[];
 }
 
-// A handler function the route config was written to, and for which controller: a method inherited by two
-// controllers is one function, so two different marks on them cannot both reach Fastify.
-const fastifyConfigWritten = new WeakMap<
-  object,
-  { controller: Type; setting: IdempotentSetting | undefined }
->();
+/** Per handler function, the controller and mark its Fastify route config was written for. */
+type WrittenConfigs = WeakMap<object, { controller: Type; setting: IdempotentSetting | undefined }>;
 
 /** What `configure()` needs from the routes: the module's constructor is typed by this alone. */
 export interface RouteMounter {
@@ -48,7 +45,15 @@ export interface RouteMounter {
  */
 @Injectable()
 export class IdempotencyRoutes implements RouteMounter {
-  platform: Platform | undefined;
+  #platform: Platform | undefined;
+  // A method inherited by two controllers is one function, so two different marks on it cannot both reach Fastify.
+  // Per application: two apps in one process (tests) each write their own.
+  readonly #fastifyConfigWritten: WrittenConfigs = new WeakMap();
+
+  /** The platform found at startup; `undefined` before, or in an application without HTTP. */
+  get platform(): Platform | undefined {
+    return this.#platform;
+  }
   readonly #config: ModuleConfig;
   readonly #discovery: DiscoveryService;
   readonly #scanner: MetadataScanner;
@@ -79,13 +84,13 @@ export class IdempotencyRoutes implements RouteMounter {
         `@oncely/nestjs runs on @nestjs/platform-express and @nestjs/platform-fastify; this application's HTTP adapter is "${type}".`,
       );
     }
-    this.platform = type;
+    this.#platform = type;
     // Every handler's options are checked now, at startup, not on its first request.
     for (const [controller, handler, name] of this.#handlers()) {
       const setting = settingOf(controller, handler);
       if (setting !== undefined && setting !== false) checkRouteOptions(this.#config, setting, name);
       if (type === 'express') this.#expressRoute(controller, handler, setting);
-      else writeFastifyConfig(controller, handler, setting, name);
+      else writeFastifyConfig(this.#fastifyConfigWritten, controller, handler, setting, name);
     }
     if (type === 'fastify') await this.#registerFastify(adapter.getInstance<FastifyInstance>());
   }
@@ -102,6 +107,13 @@ export class IdempotencyRoutes implements RouteMounter {
     const earlier = new WeakMap<object, ReadonlySet<unknown>>();
     fastify.addHook('onRoute', (route) => {
       earlier.set(route, new Set(toArray(route.onSend)));
+    });
+    // App-wide, so it runs before the route's own onSend hooks, oncely's among them.
+    fastify.addHook('onSend', async (request, _reply, payload) => {
+      if (!enteredRequests.has(request)) {
+        noteHandlerError(request, new Error('answered before the handler (a guard or an interceptor)'));
+      }
+      return payload;
     });
     await fastify.register(idempotencyPlugin, { ...this.#config.shared, global: this.#config.global });
     fastify.addHook('onRoute', (route) => {
@@ -166,8 +178,15 @@ export class IdempotencyRoutes implements RouteMounter {
   }
 }
 
-/** The handler's mark, else its controller's. */
+/** `@Sse()` (@nestjs/common SSE_METADATA). */
+const SSE_METADATA = '__sse__';
+
+/**
+ * The handler's mark, else its controller's. An `@Sse()` route is never covered: its events are a stream that
+ * must reach the client as they come, and holding them until stored would hold them all.
+ */
 function settingOf(controller: Type, handler: object): IdempotentSetting | undefined {
+  if (Reflect.getMetadata(SSE_METADATA, handler) === true) return false;
   return (Reflect.getMetadata(IDEMPOTENT_METADATA, handler) ??
     Reflect.getMetadata(IDEMPOTENT_METADATA, controller)) as IdempotentSetting | undefined;
 }
@@ -178,13 +197,14 @@ function settingOf(controller: Type, handler: object): IdempotentSetting | undef
  * the mark is merged into that metadata here, so it does not matter in which order the decorators were written.
  */
 function writeFastifyConfig(
+  fastifyConfigWritten: WrittenConfigs,
   controller: Type,
   handler: object,
   setting: IdempotentSetting | undefined,
   name: string,
 ): void {
   const written = fastifyConfigWritten.get(handler);
-  if (written !== undefined && written.controller !== controller && written.setting !== setting) {
+  if (written !== undefined && written.controller !== controller && !sameSetting(written.setting, setting)) {
     throw new Error(
       `@oncely/nestjs: ${name} is a handler inherited by ${written.controller.name} too, and the two controllers mark it differently with @Idempotent(); on Fastify a route's options belong to the handler function: put @Idempotent() on the handler in each controller (override it).`,
     );
@@ -195,6 +215,14 @@ function writeFastifyConfig(
     | Record<string, unknown>
     | undefined;
   Reflect.defineMetadata(FASTIFY_ROUTE_CONFIG_METADATA, { ...config, idempotency: setting }, handler);
+}
+
+/** Two marks with the same options (each `@Idempotent()` makes an object of its own). */
+function sameSetting(a: IdempotentSetting | undefined, b: IdempotentSetting | undefined): boolean {
+  if (a === b) return true;
+  if (typeof a !== 'object' || typeof b !== 'object') return false;
+  const keys = Object.keys(a) as (keyof typeof a)[];
+  return keys.length === Object.keys(b).length && keys.every((key) => a[key] === b[key]);
 }
 
 function toArray<T>(value: T | T[] | undefined): T[] {

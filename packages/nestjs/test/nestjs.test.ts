@@ -1,10 +1,12 @@
 import 'reflect-metadata';
 import { randomUUID } from 'node:crypto';
+import { request as httpRequest } from 'node:http';
 import { Readable } from 'node:stream';
 import fastifyCompress from '@fastify/compress';
 import {
   type ArgumentsHost,
   BadRequestException,
+  type CallHandler,
   type CanActivate,
   Catch,
   Controller,
@@ -13,20 +15,27 @@ import {
   Get,
   Header,
   HttpCode,
+  HttpException,
   type INestApplication,
   Inject,
   Injectable,
   Module,
+  type NestInterceptor,
   Post,
   Query,
+  RequestTimeoutException,
   Res,
+  Sse,
   StreamableFile,
   UseFilters,
   UseGuards,
+  UseInterceptors,
 } from '@nestjs/common';
+import { APP_INTERCEPTOR } from '@nestjs/core';
 import { MemoryStore } from '@oncely/core';
 import { binaryParser, routeCounts, type TestApp } from '@oncely/testing';
 import compression from 'compression';
+import { catchError, map, type Observable, TimeoutError, tap, throwError, timeout, timer } from 'rxjs';
 import request from 'supertest';
 import {
   IdempotencyKey,
@@ -210,6 +219,100 @@ interface FastifyLike {
     hook: (req: IdempotentRequest & { user?: { id: string } }) => Promise<void>,
   ): void;
 }
+
+/** Refuses a key's first request with a 429, as @nestjs/throttler would, and lets every later one through. */
+@Injectable()
+class FirstRequestThrottled implements CanActivate {
+  readonly #seen = new Set<string>();
+  canActivate(context: ExecutionContext): boolean {
+    const key = String(context.switchToHttp().getRequest<IdempotentRequest>().headers['idempotency-key']);
+    if (this.#seen.has(key)) return true;
+    this.#seen.add(key);
+    throw new HttpException('slow down', 429);
+  }
+}
+
+/** Nest's documented timeout interceptor: rxjs timeout(), mapped to a 408. */
+@Injectable()
+class TimeoutInterceptor implements NestInterceptor {
+  intercept(_context: ExecutionContext, next: CallHandler): Observable<unknown> {
+    return next.handle().pipe(
+      timeout(100),
+      catchError((error: unknown) =>
+        throwError(() => (error instanceof TimeoutError ? new RequestTimeoutException() : error)),
+      ),
+    );
+  }
+}
+
+/** A global timeout around every request, outside oncely's interceptor; counts the requests it saw finish. */
+@Injectable()
+class OuterTimeout implements NestInterceptor {
+  constructor(@Inject(COUNTS) private readonly counts: Counts) {}
+  intercept(_context: ExecutionContext, next: CallHandler): Observable<unknown> {
+    return next.handle().pipe(timeout(150), tap({ complete: () => void this.counts.hit('outer-complete') }));
+  }
+}
+
+@Controller('edge')
+@Idempotent()
+class EdgeCasesController {
+  constructor(@Inject(COUNTS) private readonly counts: Counts) {}
+
+  @Post('throttled')
+  @UseGuards(FirstRequestThrottled)
+  throttled() {
+    return { n: this.counts.hit('throttled') };
+  }
+
+  @Post('slow-observable')
+  @Idempotent({ lockTimeout: '300ms' })
+  slowObservable() {
+    this.counts.hit('slow-observable');
+    return timer(400).pipe(map(() => ({ done: true })));
+  }
+
+  @Post('timed-out')
+  @UseInterceptors(TimeoutInterceptor)
+  async timedOut() {
+    this.counts.hit('timed-out-started');
+    await sleep(300);
+    return { n: this.counts.hit('timed-out') };
+  }
+
+  @Post('file-fails')
+  @HttpCode(200)
+  fileFails(): StreamableFile {
+    const n = this.counts.hit('file-fails');
+    async function* chunks() {
+      yield Buffer.from('chunk-one;');
+      if (n === 1) throw new Error('disk gone');
+      yield Buffer.from('chunk-two');
+    }
+    return new StreamableFile(Readable.from(chunks()), { type: 'application/octet-stream' });
+  }
+
+  @Sse('events')
+  events() {
+    this.counts.hit('events');
+    return timer(10).pipe(map(() => ({ data: 'tick' })));
+  }
+}
+
+abstract class CrudBase {
+  @Post('create')
+  create() {
+    return { created: true };
+  }
+}
+
+@Controller('a')
+@Idempotent()
+class FirstCrudController extends CrudBase {}
+
+@Controller('b')
+@Idempotent()
+class SecondCrudController extends CrudBase {}
 
 const controllers = [PlainController, MarkedController, NestFeaturesController, GuardedController];
 
@@ -562,5 +665,161 @@ describe.each(['express', 'fastify'] as const)('@oncely/nestjs on %s', (platform
         expect(app.count('guarded')).toBe(2);
       });
     }
+  });
+
+  describe('edge cases found in review', () => {
+    const startEdge = async (options: IdempotencyModuleOptions = {}, counts: Counts = routeCounts()) => {
+      const app = await serveNest(
+        platform,
+        {
+          imports: [IdempotencyModule.forRoot(options)],
+          controllers: [EdgeCasesController],
+          providers: [{ provide: COUNTS, useValue: counts }, FirstRequestThrottled],
+        },
+        counts.count,
+      );
+      apps.push(app);
+      return app;
+    };
+
+    test('a guard that refuses the first request (a 429): not stored, the retry runs the handler', async () => {
+      const app = await startEdge();
+      const key = newKey();
+      expect((await post(app, '/edge/throttled', key)).status).toBe(429);
+      const retry = await post(app, '/edge/throttled', key);
+      expect(retry.status).toBe(201);
+      expect(retry.headers['idempotent-replayed']).toBeUndefined();
+      expect(retry.body).toEqual({ n: 1 });
+      expect(app.count('throttled')).toBe(1);
+    });
+
+    test('a client that leaves while an Observable handler runs: Nest gives it up, the key is not locked for good', async () => {
+      const app = await startEdge();
+      const key = newKey();
+      const { port } = new URL(app.url);
+      const req = httpRequest({
+        host: '127.0.0.1',
+        port: Number(port),
+        method: 'POST',
+        path: '/edge/slow-observable',
+        headers: { 'idempotency-key': key, 'content-type': 'application/json' },
+      });
+      req.on('error', () => {});
+      req.end('{}');
+      await sleep(100);
+      req.destroy();
+      await sleep(1000);
+      const retry = await post(app, '/edge/slow-observable', key);
+      expect(retry.status).toBe(201);
+      expect(retry.body).toEqual({ done: true });
+      expect(app.count('slow-observable')).toBe(2);
+    });
+
+    test("a timeout interceptor inside oncely's answers 408: the key is not released while the handler still runs", async () => {
+      const app = await startEdge();
+      const key = newKey();
+      expect((await post(app, '/edge/timed-out', key)).status).toBe(408);
+      // The handler is still running: a retry must not start it again.
+      expect((await post(app, '/edge/timed-out', key)).status).toBe(409);
+      await sleep(400);
+      expect(app.count('timed-out')).toBe(1);
+      expect((await post(app, '/edge/timed-out', key)).status).toBe(409);
+      expect(app.count('timed-out-started')).toBe(1);
+    });
+
+    test('a StreamableFile that fails part-way is not stored: the retry runs the handler again', async () => {
+      const app = await startEdge();
+      const key = newKey();
+      await post(app, '/edge/file-fails', key).catch(() => undefined);
+      const retry = await post(app, '/edge/file-fails', key).buffer(true).parse(binaryParser);
+      expect(retry.status).toBe(200);
+      expect(retry.headers['idempotent-replayed']).toBeUndefined();
+      expect((retry.body as Buffer).toString()).toBe('chunk-one;chunk-two');
+      expect(app.count('file-fails')).toBe(2);
+    });
+
+    test('an @Sse() route is never covered, even marked and with GET among the methods', async () => {
+      const app = await startEdge({ methods: ['GET', 'POST'] });
+      const key = newKey();
+      const first = await request(app.url).get('/edge/events').set('Idempotency-Key', key);
+      const second = await request(app.url).get('/edge/events').set('Idempotency-Key', key);
+      expect(second.headers['idempotent-replayed']).toBeUndefined();
+      expect(first.text).toContain('data: tick');
+      expect(app.count('events')).toBe(2);
+    });
+
+    test('two controllers marking an inherited handler alike start, and each is covered', async () => {
+      const counts = routeCounts();
+      const app = await serveNest(
+        platform,
+        {
+          imports: [IdempotencyModule.forRoot()],
+          controllers: [FirstCrudController, SecondCrudController],
+        },
+        counts.count,
+      );
+      apps.push(app);
+      const key = newKey();
+      await post(app, '/a/create', key).expect(201);
+      expect((await post(app, '/a/create', key)).headers['idempotent-replayed']).toBe('true');
+      await post(app, '/b/create', newKey()).expect(201);
+    });
+
+    test('app.enableCors(): a replay carries the Access-Control-Allow-Origin of its own origin', async () => {
+      const counts = routeCounts();
+      const app = await serveNest(
+        platform,
+        {
+          imports: [IdempotencyModule.forRoot({ global: true })],
+          controllers: [PlainController],
+          providers: [{ provide: COUNTS, useValue: counts }],
+        },
+        counts.count,
+        (nest) => nest.enableCors({ origin: true }),
+      );
+      apps.push(app);
+      const key = newKey();
+      const send = (origin: string) =>
+        request(app.url).post('/plain').set('Origin', origin).set('Idempotency-Key', key).send({});
+      expect((await send('https://a.example')).headers['access-control-allow-origin']).toBe(
+        'https://a.example',
+      );
+      const replay = await send('https://b.example');
+      expect(replay.headers['idempotent-replayed']).toBe('true');
+      expect(replay.headers['access-control-allow-origin']).toBe('https://b.example');
+      expect(app.count('plain')).toBe(1);
+    });
+
+    test("a global interceptor outside oncely's: a replay completes it, no late timeout reaches a filter", async () => {
+      const counts = routeCounts();
+      const filter = new CountingFilter(counts);
+      const app = await serveNest(
+        platform,
+        {
+          imports: [IdempotencyModule.forRoot({ global: true })],
+          controllers: [PlainController],
+          providers: [
+            { provide: COUNTS, useValue: counts },
+            { provide: APP_INTERCEPTOR, useClass: OuterTimeout },
+          ],
+        },
+        counts.count,
+        (nest) => void nest.useGlobalFilters(filter),
+      );
+      apps.push(app);
+      const key = newKey();
+      await post(app, '/plain', key).expect(201);
+      const replay = await post(app, '/plain', key);
+      expect(replay.headers['idempotent-replayed']).toBe('true');
+      await sleep(300);
+      expect(counts.count('filter')).toBe(0);
+      expect(counts.count('plain')).toBe(1);
+      // Fastify answers a replay in its preHandler, before Nest's interceptors run at all.
+      expect(counts.count('outer-complete')).toBe(platform === 'express' ? 2 : 1);
+    });
+
+    test('@Idempotent(true) from JavaScript is refused when the decorator is made', () => {
+      expect(() => Idempotent(true as never)).toThrow(/takes options, or false/);
+    });
   });
 });

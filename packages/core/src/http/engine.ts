@@ -387,6 +387,7 @@ export class Execution {
   readonly #transaction: StoreTransaction | undefined;
   #timer: NodeJS.Timeout | undefined;
   #settled = false;
+  #headersBefore: Readonly<Record<string, OutgoingHeaderValue>> | undefined;
 
   /** @internal created by the engine */
   constructor(
@@ -415,6 +416,16 @@ export class Execution {
   }
 
   /**
+   * For adapters whose response object outer middleware writes to before the handler runs (Express, Fastify, Koa):
+   * the response's headers when the handler starts (`res.getHeaders()`). Those still there unchanged at the end
+   * are not stored: they belong to middleware outside oncely (CORS for this request's origin, a request id), which
+   * sets them afresh on a replay, so a replay carries its own.
+   */
+  headersBeforeHandler(headers: Readonly<Record<string, OutgoingHeaderValue>>): void {
+    this.#headersBefore = headers;
+  }
+
+  /**
    * Stores the finished response, or releases the key. Resolves to a response to send INSTEAD of the captured
    * one when the captured one must not reach the client: in transactional mode, when the commit failed (nothing
    * the handler wrote survived, so its success answer would be a lie). Otherwise resolves to `undefined`.
@@ -426,7 +437,7 @@ export class Execution {
       await this.#release('not-cacheable', captured.status);
       return undefined;
     }
-    const headers = storableHeaders(captured.headers, o.excludedHeaders);
+    const headers = storableHeaders(captured.headers, o.excludedHeaders, this.#headersBefore);
     let body = captured.body;
     if (body === undefined) {
       headers[OMITTED_BODY_HEADER] = '1';
@@ -484,6 +495,26 @@ export class Execution {
     if (error !== undefined)
       this.#log.debug({ err: error, key: this.key }, 'oncely: handler failed; releasing the key');
     await this.#release('error');
+  }
+
+  /**
+   * The adapter lost track of the handler: the framework gave it up (the client left, a timeout fired) while it
+   * may still be running, and what is sent now is not its answer. Nothing is stored or released, since a retry
+   * must not run beside it: the lease is no longer renewed and lapses after `lockTimeout`, as if the process had
+   * died; a retry within it gets a 409, one after it runs again. Later `complete()` and `fail()` calls do nothing.
+   * In transactional mode the transaction is rolled back instead (it holds a connection nothing would commit).
+   */
+  abandon(): void {
+    if (this.#settled) return;
+    if (this.#transaction !== undefined) {
+      void this.fail(new Error('the handler was given up'));
+      return;
+    }
+    this.#settle();
+    this.#log.warn(
+      { key: this.key },
+      'oncely: the handler was given up before it finished; its key is left to lapse after lockTimeout',
+    );
   }
 
   #settle(): boolean {

@@ -25,15 +25,19 @@ export const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 
 export type OutgoingHeaderValue = number | string | readonly string[] | undefined;
 
-/** Copies the headers worth replaying: names lower-cased, numbers as strings, excluded names dropped. */
+/**
+ * Copies the headers worth replaying: names lower-cased, numbers as strings, excluded names dropped, and those
+ * `before` holds with the same value (set by middleware outside oncely before the handler ran) left out.
+ */
 export function storableHeaders(
   headers: Readonly<Record<string, OutgoingHeaderValue>>,
   excluded: ReadonlySet<string>,
+  before?: Readonly<Record<string, OutgoingHeaderValue>>,
 ): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = {};
   for (const name in headers) {
     const value = headers[name];
-    if (value === undefined) continue;
+    if (value === undefined || (before !== undefined && before[name] === value)) continue;
     const lower = name.toLowerCase();
     if (excluded.has(lower) || lower.startsWith('proxy-')) continue;
     out[lower] = typeof value === 'object' ? [...value] : String(value);

@@ -1,0 +1,66 @@
+import { type AttemptOutcome, describeOutcome } from './outcome';
+
+/** A wrong option given to `idempotentFetch(options)`; `option` names it. */
+export class IdempotentFetchOptionsError extends TypeError {
+  override name = 'IdempotentFetchOptionsError';
+  readonly option: string;
+
+  constructor(option: string, message: string) {
+    super(message);
+    this.option = option;
+  }
+}
+
+/**
+ * Why a call gave up:
+ * - `'max-attempts'`: `maxAttempts` attempts were made;
+ * - `'deadline'`: the next attempt could not have ended within `deadline`;
+ * - `'not-retryable'`: the single attempt of a request that is not retried (no key, a method outside
+ *   `idempotentMethods`) failed with a network error or a timeout.
+ */
+export type GiveUpReason = 'max-attempts' | 'deadline' | 'not-retryable';
+
+/**
+ * The rejection of an idempotent fetch that ran out of attempts or time: it carries every attempt's outcome. A
+ * caller's abort rejects with the signal's reason instead, as fetch does; a response that is not retried (a 2xx, a
+ * 422) is returned, not thrown.
+ */
+export class IdempotentFetchError extends Error {
+  override name = 'IdempotentFetchError';
+  readonly reason: GiveUpReason;
+  /** The key sent on every attempt; `undefined` when the request had none. */
+  readonly key: string | undefined;
+  readonly method: string;
+  readonly url: string;
+  /** Every attempt's outcome, in order. */
+  readonly attempts: readonly AttemptOutcome[];
+  /** The last attempt's response when it had one (a retryable status); its body is unread, yours to read. */
+  readonly response: Response | undefined;
+
+  constructor(details: {
+    reason: GiveUpReason;
+    key: string | undefined;
+    method: string;
+    url: string;
+    attempts: readonly AttemptOutcome[];
+    response: Response | undefined;
+  }) {
+    const last = details.attempts[details.attempts.length - 1];
+    const why =
+      details.reason === 'max-attempts'
+        ? `gave up after ${details.attempts.length} attempt${details.attempts.length === 1 ? '' : 's'} (maxAttempts)`
+        : details.reason === 'deadline'
+          ? `gave up at the deadline after ${details.attempts.length} attempt${details.attempts.length === 1 ? '' : 's'}`
+          : 'failed and is not retried (no idempotency key, and its method is not in idempotentMethods)';
+    super(
+      `oncely: ${details.method} ${details.url} ${why}; ${details.attempts.map(describeOutcome).join('; ')}`,
+      last?.kind === 'network-error' ? { cause: last.error } : undefined,
+    );
+    this.reason = details.reason;
+    this.key = details.key;
+    this.method = details.method;
+    this.url = details.url;
+    this.attempts = details.attempts;
+    this.response = details.response;
+  }
+}
