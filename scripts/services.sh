@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The services the tests and examples need, on this machine: Redis, PostgreSQL, RabbitMQ, NATS with JetStream.
+# The services the tests and examples need, on this machine: Redis, PostgreSQL, RabbitMQ, NATS with JetStream, and
+# Chromium (headless, for @oncely/client's browser test).
 #
 #   bash scripts/services.sh           install (Debian/Ubuntu packages) what is missing, start what is not running
 #   bash scripts/services.sh --check   only say which are up; exit 1 if any is not
@@ -16,6 +17,7 @@ PG_PORT=5432
 PG_DB=test
 RABBITMQ_PORT=5672
 NATS_PORT=4222
+CHROMIUM=/usr/bin/chromium # Debian's; the browser test also takes a `chromium` on PATH
 
 export DEBIAN_FRONTEND=noninteractive
 
@@ -139,6 +141,20 @@ ensure_nats() {
   echo "nats: up on 127.0.0.1:$NATS_PORT"
 }
 
+# The Chromium binary the browser test would use: Debian's, or one on PATH; prints nothing if there is none.
+chromium_bin() {
+  if [ -x "$CHROMIUM" ]; then echo "$CHROMIUM"; else command -v chromium 2>/dev/null || true; fi
+}
+
+ensure_chromium() {
+  # Not a service: a binary. The test drives it through playwright-core, which downloads no browser of its own.
+  if [ -z "$(chromium_bin)" ]; then
+    log "installing chromium"
+    apt_install chromium
+  fi
+  echo "chromium: $("$(chromium_bin)" --version 2>/dev/null) at $(chromium_bin)"
+}
+
 check() {
   local down=0
   check_one() {
@@ -152,6 +168,10 @@ check() {
     echo "redis-server binary: not on PATH (tests start private Redis servers from it)"
     down=1
   fi
+  if [ -n "$(chromium_bin)" ]; then echo "chromium binary: $(chromium_bin)"; else
+    echo "chromium binary: not at $CHROMIUM nor on PATH (@oncely/client's browser test drives it)"
+    down=1
+  fi
   return "$down"
 }
 
@@ -162,6 +182,7 @@ case "${1:-}" in
     ensure_postgres
     ensure_rabbitmq
     ensure_nats
+    ensure_chromium
     ;;
   *)
     echo "usage: bash scripts/services.sh [--check]" >&2

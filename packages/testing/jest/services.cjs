@@ -7,7 +7,8 @@
 //    * @services redis postgres
 //    */
 // Names: redis, postgres, rabbitmq, nats (servers at the URLs below), redis-server (the binaries, for tests that
-// start private Redis servers). A file without the tag needs nothing.
+// start private Redis servers), chromium (the browser, for tests that drive it headless). A file without the tag
+// needs nothing.
 const { existsSync, readFileSync } = require('node:fs');
 const { connect } = require('node:net');
 const { delimiter, join } = require('node:path');
@@ -48,6 +49,9 @@ function probe({ host, port }, hello, answer, timeoutMs = 2000) {
 function onPath(binary) {
   return (process.env.PATH ?? '').split(delimiter).some((dir) => dir !== '' && existsSync(join(dir, binary)));
 }
+
+/** Debian's Chromium, where its package puts it. */
+const CHROMIUM = '/usr/bin/chromium';
 
 /** @returns {Record<string, Service>} */
 function services(env = process.env) {
@@ -110,6 +114,13 @@ function services(env = process.env) {
           ? undefined
           : 'redis-server or redis-cli is not on PATH',
       start: 'install it: bash scripts/services.sh (Debian/Ubuntu: packages redis-server and redis-tools)',
+    },
+    chromium: {
+      name: 'chromium',
+      where: `${CHROMIUM} or PATH`,
+      check: async () =>
+        existsSync(CHROMIUM) || onPath('chromium') ? undefined : `neither ${CHROMIUM} nor a chromium on PATH`,
+      start: 'install it: bash scripts/services.sh (Debian/Ubuntu: package chromium)',
     },
   };
 }

@@ -25,6 +25,7 @@ const signs: Record<string, RegExp> = {
   postgres: /DATABASE_URL|\bconnectionString\b|testSchema\(|example:express-postgres/,
   rabbitmq: /AMQP_URL|from 'amqplib'|example:amqp/,
   nats: /NATS_URL|@nats-io\//,
+  chromium: /from 'playwright-core'|chromium\.launch\(/,
 };
 
 describe('@services tags', () => {
