@@ -15,6 +15,7 @@ import express, { type Request, type Response } from 'express';
 import { type Browser, chromium, type Page } from 'playwright-core';
 
 import type { RetryEvent } from '../src';
+import { flushableWaits } from './servers';
 
 type Client = typeof import('../src');
 
@@ -94,17 +95,7 @@ async function startPageServer(script: string): Promise<PageServer> {
     runs.set(route, n);
     return n;
   };
-  const pending = new Set<() => void>();
-  const wait = (ms: number) =>
-    new Promise<void>((resolve) => {
-      const done = () => {
-        clearTimeout(timer);
-        pending.delete(done);
-        resolve();
-      };
-      const timer = setTimeout(done, ms);
-      pending.add(done);
-    });
+  const { wait, flush } = flushableWaits();
 
   const app = express();
   app.use((req: Request, res: Response, next) => {
@@ -146,7 +137,7 @@ async function startPageServer(script: string): Promise<PageServer> {
     },
     close: () =>
       new Promise<void>((resolve) => {
-        for (const done of [...pending]) done();
+        flush();
         server.closeAllConnections();
         server.close(() => resolve());
       }),

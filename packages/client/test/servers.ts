@@ -37,13 +37,10 @@ interface Route {
   flush: () => void;
 }
 
-function routeState(): Route & { count: (route: string) => number } {
-  const { hit, count } = routeCounts();
+/** Timed waits that `flush` ends at once, so that closing a server never waits on a slow handler. */
+export function flushableWaits(): Pick<Route, 'wait' | 'flush'> {
   const pending = new Set<() => void>();
   return {
-    hit,
-    count,
-    bodies: [],
     wait: (ms) =>
       new Promise<void>((resolve) => {
         const done = () => {
@@ -58,6 +55,11 @@ function routeState(): Route & { count: (route: string) => number } {
       for (const done of [...pending]) done();
     },
   };
+}
+
+function routeState(): Route & { count: (route: string) => number } {
+  const { hit, count } = routeCounts();
+  return { hit, count, bodies: [], ...flushableWaits() };
 }
 
 const times = (query: unknown) => Number((query as { times?: string }).times ?? 0);
