@@ -28,6 +28,7 @@ import {
 import { describeMachine } from './src/machine';
 import { startMonitor } from './src/monitor';
 import { summariseProfile } from './src/profile';
+import { startPrimaryWithReplica } from './src/replica';
 import { renderMarkdown, renderSvg } from './src/report';
 import {
   type CaseResult,
@@ -46,6 +47,8 @@ const HELP = `pnpm bench [flags]
   --store memory,redis,postgres   oncely stores (default: all, and dynamodb when packages/dynamodb is built)
   --scenario first,replay,nokey   scenarios besides the bare framework (default: all)
   --peers / --no-peers            the npm peers on Express (default: on when memory or redis is measured)
+  --otel                          also Fastify + Memory first execution with @oncely/opentelemetry on (metrics,
+                                  SDK with a no-op exporter); compared with the same case without it
   --duration <s>                  measured seconds per case (default 10)
   --rounds <n>                    rounds, median reported (default 3)
   --connections <n>               autocannon connections (default 50)
@@ -62,6 +65,7 @@ const { values: args } = parseArgs({
     store: { type: 'string' },
     scenario: { type: 'string' },
     peers: { type: 'boolean' },
+    otel: { type: 'boolean' },
     'no-peers': { type: 'boolean' },
     'no-micro': { type: 'boolean' },
     'no-memory': { type: 'boolean' },
@@ -152,14 +156,27 @@ const frameworks = list(
   'framework',
 ) ?? ['express', 'fastify', 'hono', 'koa', 'nest'];
 const scenarios = list(args.scenario, SCENARIOS, 'scenario') ?? [...SCENARIOS];
-const requestedStores = list(args.store, ['memory', 'redis', 'postgres', 'dynamodb'] as const, 'store');
+const requestedStores = list(
+  args.store,
+  ['memory', 'redis', 'redis-node', 'postgres', 'dynamodb'] as const,
+  'store',
+);
 const notes: string[] = [];
+if (process.env.ONCELY_BENCH_REDIS_REPLICA === '1')
+  notes.push(
+    "Redis: a private primary with one replica (ONCELY_BENCH_REDIS_REPLICA=1); RedisStore with waitForReplicas: { replicas: 1, timeout: '1s' }.",
+  );
 
 const runId = randomBytes(4).toString('hex');
-const redisUrl = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
+// ONCELY_BENCH_REDIS_REPLICA=1: the Redis cases run on a private primary with one replica of its own, and
+// RedisStore confirms each reservation and completion on it (waitForReplicas: { replicas: 1, timeout: '1s' }).
+const replicaSet =
+  process.env.ONCELY_BENCH_REDIS_REPLICA === '1' ? await startPrimaryWithReplica() : undefined;
+const redisUrl = replicaSet?.primary.url ?? process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
 const pgUrl = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 const services: Services = {
   redisUrl,
+  redisReplicas: replicaSet === undefined ? undefined : 1,
   redisPrefix: `oncely-bench-${runId}:`,
   pgUrl,
   pgSchema: `bench_${runId}`,
@@ -172,11 +189,11 @@ log(
 
 // Which stores: the requested ones, or every one that is reachable (DynamoDB when its package is there).
 const stores: StoreName[] = [];
-for (const store of requestedStores ?? (['memory', 'redis', 'postgres', 'dynamodb'] as const)) {
+for (const store of requestedStores ?? (['memory', 'redis', 'redis-node', 'postgres', 'dynamodb'] as const)) {
   const explicit = requestedStores !== undefined;
-  if (store === 'redis' && machine.redis === 'unreachable') {
+  if ((store === 'redis' || store === 'redis-node') && machine.redis === 'unreachable') {
     if (explicit) throw new Error(`Redis is unreachable at ${redisUrl} (set REDIS_URL)`);
-    notes.push(`Redis: unreachable at ${redisUrl}, so every Redis case was skipped.`);
+    if (store === 'redis') notes.push(`Redis: unreachable at ${redisUrl}, so every Redis case was skipped.`);
     continue;
   }
   if (store === 'postgres' && machine.postgres === 'unreachable') {
@@ -239,6 +256,7 @@ async function cleanup(): Promise<void> {
     log(`cleanup: schema ${services.pgSchema} dropped`);
   }
   await privateRedis?.stop();
+  await replicaSet?.stop();
   await dynamo?.stop();
 }
 
@@ -306,6 +324,7 @@ try {
     stores,
     scenarios: scenarios as Scenario[],
     peers,
+    otel: args.otel === true,
   });
   if (args.profile !== undefined) {
     for (const id of args.profile.split(',')) {
@@ -338,9 +357,10 @@ try {
 
   // 2. Round trips per HTTP request on Redis, counted with MONITOR. A later stage that fails leaves a note and
   // the measurements so far, rather than nothing.
-  if (stores.includes('redis'))
+  if (stores.includes('redis') || stores.includes('redis-node'))
     await stage('Redis round trips per HTTP request', async () => {
-      if (hasRedisServer) privateRedis = await startRedis();
+      // With ONCELY_BENCH_REDIS_REPLICA=1 the primary with its replica is already private (and WAIT needs the replica).
+      if (hasRedisServer && replicaSet === undefined) privateRedis = await startRedis();
       const countUrl = privateRedis?.url ?? redisUrl;
       results.tripsCounter = privateRedis
         ? 'a private redis-server'
@@ -348,10 +368,10 @@ try {
       // One server of each kind that uses Redis: oncely on each framework, and the peers.
       const seen = new Set<string>();
       for (const c of cases) {
-        if (!('store' in c.kind) || c.kind.store !== 'redis') continue;
+        if (!('store' in c.kind) || (c.kind.store !== 'redis' && c.kind.store !== 'redis-node')) continue;
         const subject =
           c.kind.impl === 'oncely'
-            ? `oncely on ${FRAMEWORK_LABEL[c.kind.framework]}`
+            ? `oncely on ${FRAMEWORK_LABEL[c.kind.framework]}${c.kind.store === 'redis-node' ? ' (node-redis)' : ''}`
             : c.subject.replace(/ \+ Redis$/, '');
         if (seen.has(subject)) continue;
         seen.add(subject);
@@ -366,7 +386,9 @@ try {
         const config: StoreBenchConfig = {
           store,
           services:
-            store === 'redis' && privateRedis ? { ...services, redisUrl: privateRedis.url } : services,
+            (store === 'redis' || store === 'redis-node') && privateRedis
+              ? { ...services, redisUrl: privateRedis.url }
+              : services,
           duration: microDuration,
           concurrency: microConcurrency,
           countOps,

@@ -79,6 +79,26 @@ ensure_redis() {
   echo "redis: up on 127.0.0.1:$REDIS_PORT"
 }
 
+# A PostgreSQL server binary (initdb, postgres): on PATH, or in Debian's /usr/lib/postgresql/<version>/bin.
+pg_binary() {
+  command -v "$1" 2>/dev/null || find /usr/lib/postgresql -mindepth 3 -maxdepth 3 -path "*/bin/$1" 2>/dev/null |
+    sort -V | tail -n 1
+}
+
+# The binaries too: tests start private PostgreSQL servers (initdb + postgres, as the postgres user when root) to
+# kill and pause (packages/postgres/test/outages.test.ts, @services postgres-server).
+ensure_postgres_binaries() {
+  if [ -z "$(pg_binary initdb)" ] || [ -z "$(pg_binary postgres)" ] || ! command -v pg_isready >/dev/null 2>&1; then
+    log "installing postgresql (server binaries)"
+    apt_install postgresql postgresql-client
+  fi
+  if [ "$(id -u)" -eq 0 ] && ! id postgres >/dev/null 2>&1; then
+    echo "scripts/services.sh: no postgres user to run private PostgreSQL servers as (the postgresql package creates it)" >&2
+    exit 1
+  fi
+  echo "postgres binaries: $(pg_binary initdb), $(pg_binary postgres)"
+}
+
 ensure_postgres() {
   if ! command -v pg_isready >/dev/null 2>&1 || ! pg_up; then
     local installed=0 version
@@ -109,6 +129,7 @@ ensure_postgres() {
     psql -h "$PG_HOST" -p "$PG_PORT" -U postgres -d postgres -c "CREATE DATABASE $PG_DB" </dev/null
   fi
   echo "postgres: up on $PG_HOST:$PG_PORT, database $PG_DB"
+  ensure_postgres_binaries
 }
 
 ensure_rabbitmq() {
@@ -166,6 +187,12 @@ check() {
   check_one nats "$NATS_PORT"
   if command -v redis-server >/dev/null 2>&1; then echo "redis-server binary: $(command -v redis-server)"; else
     echo "redis-server binary: not on PATH (tests start private Redis servers from it)"
+    down=1
+  fi
+  if [ -n "$(pg_binary initdb)" ] && [ -n "$(pg_binary postgres)" ]; then
+    echo "postgres binaries: $(pg_binary initdb), $(pg_binary postgres)"
+  else
+    echo "postgres binaries: initdb or postgres not found (tests start private PostgreSQL servers from them)"
     down=1
   fi
   if [ -n "$(chromium_bin)" ]; then echo "chromium binary: $(chromium_bin)"; else

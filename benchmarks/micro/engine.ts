@@ -2,7 +2,9 @@
 // one process, for a first execution (a new key each time) and a replay (100 warm keys). Counts what the
 // adapters add on top of the framework minus the syscalls, so a change to the core can be measured in seconds
 // and without autocannon's noise. `pnpm --filter @oncely/benchmarks micro [first|replay]` (on the packages' sources).
-import { Idempotency, MemoryStore } from '@oncely/core';
+// OTEL=on adds `...otel()` from @oncely/opentelemetry, recording to an SDK MeterProvider whose exporter drops
+// everything (no recording span, as with no tracer provider): what OpenTelemetry costs the engine per request.
+import { Idempotency, type IdempotencyOptions, MemoryStore } from '@oncely/core';
 
 const BODY = {
   amount: 1999,
@@ -19,10 +21,27 @@ const HEADERS = {
 };
 const seconds = Number(process.env.SECONDS ?? 2);
 
+async function otelOptions(): Promise<IdempotencyOptions> {
+  if (process.env.OTEL !== 'on') return {};
+  const { otel } = await import('@oncely/opentelemetry');
+  const { MeterProvider, PeriodicExportingMetricReader } = await import('@opentelemetry/sdk-metrics');
+  const exporter = {
+    export: (_metrics: unknown, done: (result: { code: 0 }) => void) => done({ code: 0 }),
+    forceFlush: async () => {},
+    shutdown: async () => {},
+  };
+  const meterProvider = new MeterProvider({
+    readers: [new PeriodicExportingMetricReader({ exporter, exportIntervalMillis: 1000 })],
+  });
+  return otel({ meterProvider });
+}
+const telemetry = await otelOptions();
+
 async function run(name: string, keyOf: (i: number) => string): Promise<void> {
   const engine = new Idempotency({
     store: new MemoryStore(),
     ...(process.env.FP === 'off' ? { fingerprint: false as const } : {}),
+    ...telemetry,
   });
   const headers: Record<string, string> = { 'content-type': 'application/json' };
   const once = async (i: number) => {

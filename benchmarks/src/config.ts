@@ -2,7 +2,8 @@
 
 export type Framework = 'express' | 'fastify' | 'hono' | 'koa' | 'nest';
 /** oncely's stores; 'none' is the bare framework. */
-export type StoreName = 'memory' | 'redis' | 'postgres' | 'dynamodb';
+/** 'redis' is RedisStore through ioredis, 'redis-node' through node-redis (the `redis` package). */
+export type StoreName = 'memory' | 'redis' | 'redis-node' | 'postgres' | 'dynamodb';
 
 export type ServerKind =
   /**
@@ -10,7 +11,13 @@ export type ServerKind =
    * @nestjs/platform-express) with no idempotency middleware; oncely through its adapter for each.
    */
   | { impl: 'bare'; framework: Framework }
-  | { impl: 'oncely'; framework: Framework; store: StoreName }
+  | {
+      impl: 'oncely';
+      framework: Framework;
+      store: StoreName;
+      /** With @oncely/opentelemetry: metrics on, recorded by the SDK with a no-op exporter (Fastify only). */
+      otel?: boolean;
+    }
   /** express-idempotency on Express 5, with its default in-memory adapter or express-idempotency-redis-adapter. */
   | { impl: 'express-idempotency'; store: 'memory' | 'redis' }
   /** The same NestJS 11 app with @node-idempotency/nestjs. */
@@ -19,6 +26,11 @@ export type ServerKind =
 export interface Services {
   /** Redis URL for the stores that need it. */
   redisUrl: string;
+  /**
+   * Replicas RedisStore confirms each reservation and completion on (`waitForReplicas`, timeout 1 s): set by
+   * ONCELY_BENCH_REDIS_REPLICA=1, which points `redisUrl` at a private primary with one replica.
+   */
+  redisReplicas?: number | undefined;
   /** Prefix of every oncely Redis key in this run (peers cannot be given one: their keys carry the run id). */
   redisPrefix: string;
   /** PostgreSQL connection string and the schema of this run (migrated by the runner). */

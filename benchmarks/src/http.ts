@@ -29,6 +29,7 @@ export interface HttpCase {
 export const STORE_LABEL: Record<StoreName | 'none', string> = {
   memory: 'Memory',
   redis: 'Redis',
+  'redis-node': 'Redis (node-redis)',
   postgres: 'PostgreSQL',
   dynamodb: 'DynamoDB',
   none: 'none',
@@ -47,6 +48,8 @@ export interface MatrixOptions {
   stores: StoreName[];
   scenarios: Scenario[];
   peers: boolean;
+  /** Add Fastify + Memory, first execution, with @oncely/opentelemetry on (when that case is in the matrix). */
+  otel?: boolean;
 }
 
 /** Every case, in the order of a first round; bare cases are always in, since ratios need them. */
@@ -63,6 +66,8 @@ export function buildMatrix(options: MatrixOptions): HttpCase[] {
       baseline: bare,
     });
     for (const store of options.stores) {
+      // node-redis beside ioredis on the two main adapters only: the client is what differs, not the framework.
+      if (store === 'redis-node' && framework !== 'express' && framework !== 'fastify') continue;
       for (const scenario of options.scenarios) {
         cases.push({
           id: `${framework}/oncely-${store}/${scenario}`,
@@ -72,6 +77,16 @@ export function buildMatrix(options: MatrixOptions): HttpCase[] {
           kind: { impl: 'oncely', framework, store },
           baseline: bare,
         });
+        if (options.otel === true && framework === 'fastify' && store === 'memory' && scenario === 'first') {
+          cases.push({
+            id: 'fastify/oncely-memory-otel/first',
+            group: framework,
+            subject: 'oncely + Memory + OpenTelemetry',
+            scenario,
+            kind: { impl: 'oncely', framework, store, otel: true },
+            baseline: bare,
+          });
+        }
       }
     }
   }

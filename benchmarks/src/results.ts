@@ -127,6 +127,19 @@ export function evaluateTargets(results: RunResults): Target[] {
   ratioTarget('koa', 'memory', 'replay', 0.95, 'Koa + Memory');
   ratioTarget('fastify', 'redis', 'first', 0.6, 'Fastify + Redis');
   ratioTarget('fastify', 'redis', 'replay', 0.8, 'Fastify + Redis');
+  {
+    // OpenTelemetry's cost: the same case with otel() on (metrics recorded by the SDK, no-op exporter) over off.
+    const on = findCase(results, 'fastify/oncely-memory-otel/first');
+    const off = findCase(results, 'fastify/oncely-memory/first');
+    const ratio = on !== undefined && off !== undefined ? on.median.rps / off.median.rps : undefined;
+    targets.push({
+      name: 'Fastify + Memory first execution: with OpenTelemetry vs without',
+      want: '≥ 0.95×',
+      measured: ratio === undefined ? 'not measured' : `${ratio.toFixed(2)}×`,
+      met: ratio === undefined ? undefined : ratio >= 0.95,
+      profileCase: 'fastify/oncely-memory-otel/first',
+    });
+  }
   for (const scenario of ['first', 'replay'] as const) {
     const ours = findCase(results, `express/oncely-redis/${scenario}`);
     for (const [peer, label] of [

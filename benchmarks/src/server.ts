@@ -75,7 +75,10 @@ async function startFastify(kind: ServerKind, services: Services): Promise<Serve
   if (kind.impl === 'oncely') {
     const { idempotencyPlugin } = await import('@oncely/fastify');
     const opened = await openStore(kind.store, services);
-    await fastify.register(idempotencyPlugin, { store: opened.store });
+    await fastify.register(idempotencyPlugin, {
+      store: opened.store,
+      ...(kind.otel === true ? await otelOptions() : {}),
+    });
     closeAll = () => opened.close();
   }
   fastify.post(PATH, async (request, reply) => {
@@ -84,6 +87,24 @@ async function startFastify(kind: ServerKind, services: Services): Promise<Serve
   });
   await fastify.listen({ port: 0, host: '127.0.0.1' });
   return fastify.server;
+}
+
+/**
+ * `otel()` over an SDK MeterProvider whose exporter drops everything: what OpenTelemetry costs the request path
+ * (instruments, attributes, the SDK's aggregation), without an exporter's I/O. The reader collects every second.
+ */
+async function otelOptions() {
+  const { otel } = await import('@oncely/opentelemetry');
+  const { MeterProvider, PeriodicExportingMetricReader } = await import('@opentelemetry/sdk-metrics');
+  const exporter = {
+    export: (_metrics: unknown, done: (result: { code: 0 }) => void) => done({ code: 0 }),
+    forceFlush: async () => {},
+    shutdown: async () => {},
+  };
+  const meterProvider = new MeterProvider({
+    readers: [new PeriodicExportingMetricReader({ exporter, exportIntervalMillis: 1000 })],
+  });
+  return otel({ meterProvider });
 }
 
 async function startHono(kind: ServerKind, services: Services): Promise<Server> {

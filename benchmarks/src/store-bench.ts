@@ -62,7 +62,7 @@ let count = 0;
 let readCount = () => count;
 let counter = 'none (in-process)';
 let stopCounting: () => Promise<void> = async () => {};
-if (name === 'redis') {
+if (name === 'redis' || name === 'redis-node') {
   counter = 'Redis MONITOR';
   const monitor = await startMonitor(services.redisUrl, keyPrefix);
   readCount = () => monitor.count;

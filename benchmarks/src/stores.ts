@@ -6,6 +6,7 @@ import { PostgresStore } from '@oncely/postgres';
 import { RedisStore } from '@oncely/redis';
 import Redis from 'ioredis';
 import pg from 'pg';
+import { createClient } from 'redis';
 import type { Services, StoreName } from './config';
 
 export interface OpenStore {
@@ -35,12 +36,30 @@ export async function openStore(name: StoreName, services: Services): Promise<Op
         client,
         prefix: services.redisPrefix,
         coalesceWrites: process.env.ONCELY_BENCH_REDIS_COALESCE !== '0',
+        waitForReplicas: replication(services),
       });
       return {
         store,
         close: async () => {
           await store.close();
           await client.quit();
+        },
+      };
+    }
+    case 'redis-node': {
+      // node-redis's defaults, as docs/stores/redis.md's example; it writes one turn's commands together itself.
+      const client = createClient({ url: services.redisUrl });
+      await client.connect();
+      const store = new RedisStore({
+        client,
+        prefix: services.redisPrefix,
+        waitForReplicas: replication(services),
+      });
+      return {
+        store,
+        close: async () => {
+          await store.close();
+          client.destroy();
         },
       };
     }
@@ -60,6 +79,13 @@ export async function openStore(name: StoreName, services: Services): Promise<Op
     case 'dynamodb':
       return openDynamo(services);
   }
+}
+
+/** ONCELY_BENCH_REDIS_REPLICA=1 (the runner sets `redisReplicas`): every write confirmed on the replica. */
+function replication(services: Services): { replicas: number; timeout: string } | undefined {
+  return services.redisReplicas === undefined
+    ? undefined
+    : { replicas: services.redisReplicas, timeout: '1s' };
 }
 
 /**

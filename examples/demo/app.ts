@@ -1,6 +1,9 @@
 import { randomUUID } from 'node:crypto';
 import { MemoryStore } from '@oncely/core';
 import { idempotency } from '@oncely/express';
+import { otel } from '@oncely/opentelemetry';
+import { PrometheusExporter } from '@opentelemetry/exporter-prometheus';
+import { MeterProvider } from '@opentelemetry/sdk-metrics';
 import express, { type Express } from 'express';
 
 export interface DemoOptions {
@@ -20,16 +23,23 @@ interface ChargeBody {
  * in-memory store. Two routes create "charges":
  * - `POST /charges` answers 201 at once;
  * - `POST /slow-charges` answers 201 after `slowChargeMs`, long enough to send a duplicate while it runs.
+ * `GET /metrics` shows the decisions' counters in the Prometheus text format, from @oncely/opentelemetry with the
+ * OpenTelemetry SDK's Prometheus exporter (served on this app's port; the exporter starts no server of its own).
  */
 export function createApp(options: DemoOptions = {}): Express {
   const slowChargeMs = options.slowChargeMs ?? 5000;
   const log = options.log ?? ((line: string) => console.log(line));
   let charges = 0;
 
+  // OpenTelemetry metrics, read by GET /metrics (docs/observability.md).
+  const exporter = new PrometheusExporter({ preventServerStart: true });
+  const meterProvider = new MeterProvider({ readers: [exporter] });
+
   const app = express();
   app.use(express.json());
   app.use(
     idempotency({
+      ...otel({ meterProvider }),
       store: new MemoryStore(),
       hooks: {
         onMiss: ({ key }) => log(`key ${key}: new, running the handler`),
@@ -60,10 +70,16 @@ export function createApp(options: DemoOptions = {}): Express {
     res.status(201).json(createCharge(req.body as ChargeBody | undefined));
   });
 
+  app.get('/metrics', (req, res) => {
+    exporter.getMetricsRequestHandler(req, res);
+  });
+
   app.get('/', (_req, res) => {
     res
       .type('text/plain')
-      .send('oncely demo: POST /charges or /slow-charges with an Idempotency-Key header.\n');
+      .send(
+        'oncely demo: POST /charges or /slow-charges with an Idempotency-Key header; GET /metrics for the counters.\n',
+      );
   });
 
   return app;

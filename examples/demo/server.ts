@@ -62,6 +62,12 @@ This terminal logs what the server does; run the commands below in another termi
 Without an Idempotency-Key header the middleware stays out of the way: every call creates a new charge.
 
    curl -i -w '\\n' -X POST ${url}/charges -H 'Content-Type: application/json' -d '${body}'
+
+6. The decisions so far, counted by @oncely/opentelemetry (OpenTelemetry metrics, Prometheus text format):
+   oncely_decisions_total by outcome (executed, replayed, conflict, mismatch, rejected...), store operation
+   durations, executions in flight. See docs/observability.md.
+
+   curl -s ${url}/metrics | grep '^oncely_'
 `);
 });
 

@@ -76,4 +76,25 @@ describe('demo app', () => {
     expect(b.status).toBe(201);
     expect(a.body.id).not.toBe(b.body.id);
   });
+
+  test('GET /metrics counts the decisions above by outcome, with no key in any label', async () => {
+    const metrics = await request(url).get('/metrics');
+    expect(metrics.status).toBe(200);
+    const count = (outcome: string) =>
+      Number(
+        metrics.text.match(
+          new RegExp(
+            `^oncely_decisions_total\\{oncely_outcome="${outcome}",oncely_adapter="http"[^}]*\\} (\\d+)`,
+            'm',
+          ),
+        )?.[1],
+      );
+    expect(count('executed')).toBeGreaterThanOrEqual(2);
+    expect(count('replayed')).toBeGreaterThanOrEqual(2);
+    expect(count('conflict')).toBe(1);
+    expect(count('mismatch')).toBe(1);
+    expect(count('rejected')).toBe(1);
+    expect(metrics.text).toMatch(/^oncely_store_operation_duration_count\{/m);
+    expect(metrics.text).not.toMatch(/demo-test/);
+  });
 });

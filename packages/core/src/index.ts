@@ -57,6 +57,18 @@ export { durationOption } from './shared/checks';
 export { type Duration, parseDuration } from './shared/duration';
 export { IdempotencyOptionsError } from './shared/errors';
 export { type Logger, silentLogger } from './shared/logger';
+export {
+  type AdapterKind,
+  composeHooks,
+  type DecisionEvent,
+  type DecisionOutcome,
+  type ExecutionEvent,
+  OBSERVERS,
+  type ObservableOptions,
+  type StoreOperation,
+  type StoreOperationEvent,
+  storeKind,
+} from './shared/observe';
 export { MemoryStore, type MemoryStoreOptions } from './stores/memory-store';
 export type {
   AcquiredResult,
@@ -72,3 +84,4 @@ export type {
   TransactionAcquiredResult,
   TransactionalIdempotencyStore,
 } from './stores/store';
+export { undoAcquire } from './stores/undo-acquire';

@@ -1,9 +1,12 @@
 import {
   type ConsumerOptions,
   consumerRuntime,
+  IdempotencyInProgressError,
+  IdempotencyMismatchError,
   IdempotencyOptionsError,
   MemoryStore,
   PermanentError,
+  UnstorableResultError,
 } from '../src';
 
 /** A broker's message, as a wrapper would see it. */
@@ -203,5 +206,113 @@ describe('consumerRuntime: one delivery, one settlement in neutral words', () =>
     );
     // The broker's own options are known.
     expect(() => consumerRuntime<Message>(() => {}, { key: 'id' } as never, broker)).not.toThrow();
+  });
+});
+
+describe('consumerRuntime: the transactional path (runInTransaction) reports its decisions like the plain one', () => {
+  test('executed, replayed, conflict, mismatch and rejected reach onDecision, with the store key', async () => {
+    const decisions: { outcome: string; key?: string }[] = [];
+    const answers: (() => Promise<{ outcome: 'executed' | 'replayed'; result: unknown }>)[] = [
+      async () => ({ outcome: 'executed', result: 1 }),
+      async () => ({ outcome: 'replayed', result: 1 }),
+      async () => {
+        throw new IdempotencyInProgressError('t', 1000);
+      },
+      async () => {
+        throw new IdempotencyMismatchError('t');
+      },
+      async () => {
+        throw new Error('the work failed: rolled back, no decision to count');
+      },
+    ];
+    let calls = 0;
+    const runtime = consumerRuntime<Message>(
+      () => {},
+      {
+        maxKeyLength: 5,
+        hooks: { onDecision: (event) => void decisions.push({ outcome: event.outcome, key: event.key }) },
+      },
+      {
+        ...broker,
+        storeResults: true,
+        runInTransaction: () => {
+          const answer = answers[calls++];
+          if (answer === undefined) throw new Error('called too often');
+          return answer();
+        },
+      },
+    );
+    const settled = [];
+    for (let i = 0; i < answers.length; i++) settled.push(await runtime.decide({ id: 't', body: 'x' }, 0));
+    // A key longer than maxKeyLength never reaches the transaction.
+    settled.push(await runtime.decide({ id: 'too-long', body: 'x' }, 0));
+    expect(calls).toBe(answers.length);
+    expect(settled.map((d) => d.settlement.action)).toEqual([
+      'ack',
+      'ack',
+      'delay',
+      'dead-letter',
+      'retry',
+      'dead-letter',
+    ]);
+    expect(settled[0]?.result).toBe(1);
+    expect(decisions).toEqual([
+      { outcome: 'executed', key: 't' },
+      { outcome: 'replayed', key: 't' },
+      { outcome: 'conflict', key: 't' },
+      { outcome: 'mismatch', key: 't' },
+      { outcome: 'rejected', key: undefined },
+    ]);
+  });
+});
+
+describe('consumerRuntime: what the work throws is the work failing, whatever its class', () => {
+  test("an inner call's in-progress or unstorable error fails the work (retry), never delays or acks it", async () => {
+    const runtime = runtimeWith({ maxAttempts: 3 });
+    const inner = [
+      new IdempotencyInProgressError('inner-key', 1000),
+      new UnstorableResultError('inner-key', 'the result is undefined', false),
+    ];
+    for (const [i, error] of inner.entries()) {
+      const decision = await runtime.decide({ id: `w${i}`, body: 'x' }, 0, () => {
+        throw error;
+      });
+      expect(decision.settlement).toMatchObject({ action: 'retry', reason: 'failed', failures: 1, error });
+    }
+    // The key was released: the next delivery runs the work again.
+    let runs = 0;
+    const again = await runtime.decide({ id: 'w0', body: 'x' }, 1, () => {
+      runs++;
+    });
+    expect(again.settlement).toEqual({ action: 'ack', reason: 'executed' });
+    expect(runs).toBe(1);
+  });
+
+  test('an async onSettled that rejects is logged, not an unhandled rejection', async () => {
+    const errors: string[] = [];
+    const logger = {
+      error: (_o: object, msg: string) => void errors.push(msg),
+      warn() {},
+      info() {},
+      debug() {},
+    };
+    const runtime = runtimeWith({
+      logger,
+      onSettled: async () => {
+        throw new Error('metrics backend down');
+      },
+    });
+    const unhandled: unknown[] = [];
+    const onUnhandled = (reason: unknown) => void unhandled.push(reason);
+    process.on('unhandledRejection', onUnhandled);
+    try {
+      const decision = await runtime.decide({ id: 'o1', body: 'x' }, 0);
+      runtime.report(runtime.settledEvent({ id: 'o1', body: 'x' }, 'o1', decision.settlement, 0));
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    } finally {
+      process.off('unhandledRejection', onUnhandled);
+    }
+    expect(unhandled).toEqual([]);
+    expect(errors).toContain('oncely: onSettled rejected; ignored');
   });
 });

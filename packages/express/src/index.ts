@@ -88,11 +88,15 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
         patchLayer(req);
         state.capture = new Capture(res, state);
         // A response that closes without passing through our end: Express destroys the socket when a handler fails
-        // after streaming began (release the noted error), or something sent it around oncely (Node's methods
+        // after streaming began (release the noted error), the handler destroyed it with an error (released), or
+        // something sent it around oncely (Node's methods
         // called on it directly): recorded as executed without a body. Without either, the handler may still be
         // running (the client merely left): the lease stays.
         res.on('close', () => {
           if (state.error !== undefined) void execution.fail(state.error);
+          // The handler destroyed the response with an error (a failed `pipeline(source, res)`): it is done, and it
+          // failed. A client that merely left leaves `errored` null.
+          else if (res.errored) void execution.fail(res.errored);
           else if (res.writableFinished && state.capture?.ended === false)
             void execution.complete({ status: res.statusCode, headers: res.getHeaders(), body: undefined });
         });

@@ -10,6 +10,7 @@ import {
   type TransactionAcquiredResult,
   type TransactionalIdempotencyStore,
 } from '@oncely/core';
+import { hold } from './client';
 import type { PostgresStore } from './store';
 
 /** Where completed records are copied to and read from first: a `RedisStore` fits. */
@@ -81,7 +82,8 @@ export class OutboxRelay {
   /** Relays one batch. */
   async runOnce(): Promise<RelayRun> {
     const sql = this.#store.statements;
-    const client = await this.#store.pool.connect();
+    const held = await hold(this.#store.pool);
+    const { client } = held;
     let broken: unknown;
     try {
       await client.query('BEGIN');
@@ -118,10 +120,10 @@ export class OutboxRelay {
       return { claimed: rows.length, copied };
     } catch (error) {
       broken = error;
-      await client.query('ROLLBACK').catch(() => {});
+      if (!held.broken(error)) await client.query('ROLLBACK').catch(() => {});
       throw error;
     } finally {
-      client.release(broken instanceof Error ? broken : undefined);
+      held.release(broken);
     }
   }
 

@@ -13,8 +13,10 @@ import {
   type StoreTransaction,
   type TransactionAcquiredResult,
   type TransactionalIdempotencyStore,
+  undoAcquire,
 } from '@oncely/core';
 import type { Pool, PoolClient, QueryResultRow } from 'pg';
+import { hold } from './client';
 import { checkIdentifier, type Statements, statements } from './sql';
 
 export interface PostgresStoreOptions {
@@ -107,7 +109,9 @@ export class PostgresStore implements TransactionalIdempotencyStore {
 
   /** Creates the schema, tables and index if they do not exist. Safe to run twice, and concurrently. */
   async migrate(): Promise<void> {
-    const client = await this.#pool.connect();
+    const held = await hold(this.#pool);
+    const { client } = held;
+    let failed: unknown;
     try {
       await client.query('BEGIN');
       // Concurrent CREATE ... IF NOT EXISTS can still collide in the catalog: serialise migrations.
@@ -117,15 +121,27 @@ export class PostgresStore implements TransactionalIdempotencyStore {
       for (const statement of this.#sql.migrate) await client.query(statement);
       await client.query('COMMIT');
     } catch (error) {
-      await client.query('ROLLBACK').catch(() => {});
+      failed = error;
+      if (!held.broken(error)) await client.query('ROLLBACK').catch(() => {});
       throw error;
     } finally {
-      client.release();
+      held.release(held.broken(failed) ? failed : undefined);
     }
   }
 
   async acquire(key: string, options: AcquireOptions): Promise<AcquireResult> {
-    return this.#acquireOn(this.#pool, key, options);
+    const token = randomUUID();
+    try {
+      return await this.#acquireOn(this.#pool, key, options, token);
+    } catch (error) {
+      // A timed-out acquire may still run when a paused server resumes: release its lease behind it (fenced by the
+      // token, retried until it lands or the lease lapses), so the key is not blocked for lockTimeout.
+      undoAcquire(
+        async () => (await this.#pool.query(this.#sql.release, [key, token])).rowCount === 1,
+        options.lockTimeoutMs,
+      );
+      throw error;
+    }
   }
 
   async complete(key: string, token: string, response: StoredResponse, ttlMs: number): Promise<boolean> {
@@ -189,13 +205,17 @@ export class PostgresStore implements TransactionalIdempotencyStore {
     key: string,
     options: AcquireOptions,
   ): Promise<TransactionAcquiredResult | InProgressResult | CompletedResult> {
-    const client = await this.#pool.connect();
+    const held = await hold(this.#pool);
+    const { client } = held;
     let open = false;
     const done = async (rollback: boolean, destroy?: unknown): Promise<void> => {
-      if (rollback && open) await client.query('ROLLBACK').catch((error: unknown) => (destroy ??= error));
+      // A broken connection gets no ROLLBACK (it would fail, or wait behind a statement that never answers): it is
+      // destroyed, and the server rolls back the session it loses.
+      if (rollback && open && !held.broken(destroy))
+        await client.query('ROLLBACK').catch((error: unknown) => (destroy ??= error));
       open = false;
       // A client whose rollback failed is broken: release it with the error so the pool discards it.
-      client.release(destroy instanceof Error ? destroy : undefined);
+      held.release(destroy);
     };
     try {
       await client.query('BEGIN');
@@ -356,8 +376,8 @@ export class PostgresStore implements TransactionalIdempotencyStore {
     db: Pool | PoolClient,
     key: string,
     { fingerprint, lockTimeoutMs }: AcquireOptions,
+    token: string = randomUUID(),
   ): Promise<AcquireResult> {
-    const token = randomUUID();
     // An empty answer means the row appeared after this statement's snapshot (its read saw no live record, its
     // INSERT met one): run it again with a fresh snapshot, whose read sees that row.
     for (let attempt = 0; attempt < 10; attempt++) {

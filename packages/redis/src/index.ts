@@ -1,23 +1,46 @@
 import { randomUUID } from 'node:crypto';
 import type { Socket } from 'node:net';
-import type {
-  AcquireOptions,
-  AcquireResult,
-  IdempotencyRecord,
-  IdempotencyStore,
-  StoredResponse,
+import {
+  type AcquireOptions,
+  type AcquireResult,
+  type Duration,
+  type IdempotencyRecord,
+  type IdempotencyStore,
+  parseDuration,
+  type StoredResponse,
+  undoAcquire,
 } from '@oncely/core';
-import type { Cluster, Redis } from 'ioredis';
+import { ioredisConnection, isIoredis } from './clients/ioredis';
+import { isNodeRedis, isNodeRedis5OrLater, nodeRedisConnection } from './clients/node-redis';
+import type { RedisConnection, ScriptArgument } from './clients/types';
 import { parseAcquire, parseFlag, parseGet } from './replies';
 import { SCRIPTS, type Script } from './scripts';
 
+/**
+ * An ioredis client, 5 or 6: `new Redis(url)` or `new Cluster(nodes)`. Described by shape, so that a node-redis
+ * user needs no ioredis types (and the other way round).
+ */
+export interface IoredisClient {
+  callBuffer(...args: never[]): unknown;
+  duplicate(...args: never[]): unknown;
+}
+
+/** A node-redis client, `redis` 5 or 6: `createClient()` or `createCluster()`, connected (`await client.connect()`). */
+export interface NodeRedisClient {
+  sendCommand(...args: never[]): Promise<unknown>;
+  duplicate(...args: never[]): unknown;
+  withTypeMapping(...args: never[]): unknown;
+  readonly isOpen: boolean;
+}
+
 export interface RedisStoreOptions {
   /**
-   * An ioredis `Redis` or `Cluster` client, owned by you: the store neither connects nor quits it. For outages
-   * to fail fast, give it `commandTimeout`, a small `maxRetriesPerRequest` and `enableOfflineQueue: false`
-   * (see docs/stores/redis.md).
+   * The client you already have, owned by you: the store neither connects nor quits it. ioredis (`Redis` or
+   * `Cluster`, 5 or 6) or node-redis (`createClient()` or `createCluster()`, `redis` 5 or 6), detected from the
+   * client itself. For outages to fail fast, give it a command timeout and no offline queue (docs/stores/redis.md
+   * has the settings for each client).
    */
-  client: Redis | Cluster;
+  client: IoredisClient | NodeRedisClient;
   /** Prepended to every record key and to the wake-up channel. Default: `'oncely:'`. */
   prefix?: string;
   /**
@@ -25,31 +48,63 @@ export interface RedisStoreOptions {
    * connection and `setImmediate` uncorks it, as node-redis does. Each write to a loopback or LAN socket is a
    * system call that wakes Redis; under load, many requests' commands then share one (docs/stores/redis.md has
    * the measurements). It holds the client's other commands of that turn too, by well under a millisecond.
-   * Standalone clients only (a `Cluster` has a connection per node). Default: `true`.
+   * Standalone ioredis clients only: a `Cluster` has a connection per node, and node-redis does this by itself.
+   * Default: `true`.
    */
   coalesceWrites?: boolean;
+  /**
+   * Confirm each reservation and each completion on `replicas` replicas (`WAIT`, sent in the same socket write as
+   * the script call) before the engine acts on it, so that a failover cannot lose them: Redis replicates
+   * asynchronously, and a promoted replica without them would let a retry run the handler again
+   * (docs/stores/redis.md, "Failover"). Fewer confirmations within `timeout`: a reservation fails as a store error
+   * (503, fail-closed, the lease released); a completion's response is still sent, and the store error is logged
+   * and reported (`onStoreError`). Keep `timeout` below the client's command timeout, and run at least
+   * `replicas + 1` replicas: after a failover the promoted one is a replica less, and with too few every reservation
+   * fails. Standalone and Sentinel (ioredis) clients; refused with a Cluster. Default: off.
+   */
+  waitForReplicas?: { replicas: number; timeout: Duration };
 }
 
-type Client = Redis | Cluster;
-type BufferEval = Record<
-  'evalshaBuffer' | 'evalBuffer',
-  (script: string, keys: number, ...args: (string | number | Buffer)[]) => Promise<unknown>
->;
+/**
+ * Fewer replicas than `waitForReplicas.replicas` confirmed a reservation or a completion within its timeout. On
+ * `complete`, `recordWritten` is true: the primary has the record, and only a failover before it replicates can
+ * lose it.
+ */
+export class RedisReplicationError extends Error {
+  override readonly name = 'RedisReplicationError';
+  constructor(
+    readonly operation: 'acquire' | 'complete',
+    readonly confirmed: number,
+    readonly wanted: number,
+    readonly recordWritten: boolean,
+  ) {
+    super(
+      `oncely/redis: ${confirmed} of ${wanted} replica(s) confirmed the ${operation === 'acquire' ? 'reservation' : 'completion'} in time${
+        recordWritten
+          ? '; the response is stored on the primary, but a failover before it replicates would lose it'
+          : '; the reservation was released, nothing ran'
+      }.`,
+    );
+  }
+}
 
 /**
- * A store on Redis (standalone or Cluster). Each step is one Lua script call: a replay costs one round trip, a
- * first execution two (acquire, complete) plus a renewal per third of `lockTimeout` while the handler runs.
- * Scripts are sent by SHA and loaded on first use (or after a restart: NOSCRIPT falls back to EVAL, which caches).
+ * A store on Redis (standalone or Cluster, through ioredis or node-redis). Each step is one Lua script call: a
+ * replay costs one round trip, a first execution two (acquire, complete) plus a renewal per third of
+ * `lockTimeout` while the handler runs. Scripts are sent by SHA and loaded on first use (or after a restart:
+ * NOSCRIPT falls back to EVAL, which caches).
  */
 export class RedisStore implements IdempotencyStore {
-  readonly #client: Client;
+  readonly #connection: RedisConnection;
   readonly #prefix: string;
   readonly #channel: string;
-  #subscriber: Client | undefined;
+  #subscription: { ready: Promise<void>; close(): void } | undefined;
   #subscribed: Promise<void> | undefined;
   readonly #waiters = new Map<string, Set<() => void>>();
   #closed = false;
   readonly #coalesce: boolean;
+  readonly #replication: { replicas: number; timeoutMs: number } | undefined;
+  #pendingConfirmation: Promise<number> | undefined;
   /** The connection corked in this event-loop turn, until `setImmediate` uncorks it. */
   #corked: Socket | undefined;
   readonly #uncork = (): void => {
@@ -61,47 +116,62 @@ export class RedisStore implements IdempotencyStore {
   constructor(options: RedisStoreOptions) {
     if (options === null || typeof options !== 'object' || options.client === undefined) {
       throw new TypeError(
-        'oncely/redis: option "client" is required: new RedisStore({ client: new Redis(url) }).',
+        'oncely/redis: option "client" is required: new RedisStore({ client: new Redis(url) }) with ioredis, or new RedisStore({ client: await createClient({ url }).connect() }) with node-redis.',
       );
     }
-    if (
-      typeof (options.client as Redis).callBuffer !== 'function' ||
-      typeof options.client.duplicate !== 'function'
-    ) {
-      throw new TypeError('oncely/redis: option "client" must be an ioredis Redis or Cluster instance.');
-    }
+    this.#connection = connectionFor(options.client);
     const prefix = options.prefix ?? 'oncely:';
     if (typeof prefix !== 'string') throw new TypeError('oncely/redis: option "prefix" must be a string.');
     const coalesce = options.coalesceWrites ?? true;
     if (typeof coalesce !== 'boolean')
       throw new TypeError('oncely/redis: option "coalesceWrites" must be true or false.');
-    this.#client = options.client;
     this.#prefix = prefix;
     this.#channel = `${prefix}completed`;
     this.#coalesce = coalesce;
+    this.#replication = checkWaitForReplicas(options.waitForReplicas, this.#connection);
   }
 
   async acquire(key: string, { fingerprint, lockTimeoutMs }: AcquireOptions): Promise<AcquireResult> {
     const token = randomUUID();
+    const args = [fingerprint, lockTimeoutMs, token];
     let reply: unknown;
+    let confirmation: Promise<number> | undefined;
     try {
-      reply = await this.#run(SCRIPTS.acquire, key, [fingerprint, lockTimeoutMs, token]);
+      if (this.#replication === undefined) reply = await this.#run(SCRIPTS.acquire, key, args);
+      else [reply, confirmation] = await this.#runConfirmed(SCRIPTS.acquire, key, args, this.#replication);
     } catch (error) {
-      // A timed-out acquire may still run once Redis answers again (a paused server, a slow network), leaving a
-      // lease nobody holds that would block retries for lockTimeout. Releasing our token behind it undoes that;
-      // commands on one connection run in order, and the token fences off anyone else's record.
-      this.#run(SCRIPTS.release, key, [token, this.#channel]).catch(() => {});
+      this.#undoAcquire(key, token, lockTimeoutMs);
       throw error;
     }
-    return parseAcquire(reply, token);
+    const result = parseAcquire(reply, token);
+    // Only a reservation wrote anything; a replay or a conflict read what earlier writes (confirmed then) left.
+    if (confirmation === undefined || result.status !== 'acquired') return result;
+    let confirmed: number;
+    try {
+      confirmed = await confirmation;
+    } catch (error) {
+      this.#undoAcquire(key, token, lockTimeoutMs);
+      throw error;
+    }
+    const wanted = (this.#replication as { replicas: number }).replicas;
+    if (confirmed < wanted) {
+      this.#undoAcquire(key, token, lockTimeoutMs);
+      throw new RedisReplicationError('acquire', confirmed, wanted, false);
+    }
+    return result;
   }
 
   async complete(key: string, token: string, response: StoredResponse, ttlMs: number): Promise<boolean> {
     const body = Buffer.from(response.body.buffer, response.body.byteOffset, response.body.byteLength);
     const headers = JSON.stringify(response.headers);
-    return parseFlag(
-      await this.#run(SCRIPTS.complete, key, [token, response.status, headers, body, ttlMs, this.#channel]),
-    );
+    const args = [token, response.status, headers, body, ttlMs, this.#channel];
+    if (this.#replication === undefined) return parseFlag(await this.#run(SCRIPTS.complete, key, args));
+    const { replicas } = this.#replication;
+    const [reply, confirmation] = await this.#runConfirmed(SCRIPTS.complete, key, args, this.#replication);
+    if (!parseFlag(reply)) return false; // fenced: nothing written
+    const confirmed = await confirmation;
+    if (confirmed < replicas) throw new RedisReplicationError('complete', confirmed, replicas, true);
+    return true;
   }
 
   async release(key: string, token: string): Promise<boolean> {
@@ -138,7 +208,7 @@ export class RedisStore implements IdempotencyStore {
   }
 
   async delete(key: string): Promise<boolean> {
-    return (await this.#client.del(this.#prefix + key)) === 1;
+    return (await this.#connection.del(this.#prefix + key)) === 1;
   }
 
   /**
@@ -163,9 +233,10 @@ export class RedisStore implements IdempotencyStore {
     const timer = setTimeout(wake, timeoutMs);
     timer.unref();
     try {
-      await this.#subscribe();
+      // A subscriber that cannot connect must not hold the waiter past its timeout.
+      const subscribed = await Promise.race([this.#subscribe().then(() => true), woken.then(() => false)]);
       // Subscribed first, then marked: a completion between the two cannot be missed.
-      if (!parseFlag(await this.#run(SCRIPTS.watch, key, []))) wake();
+      if (subscribed && !parseFlag(await this.#run(SCRIPTS.watch, key, []))) wake();
     } catch {
       // No wake-up available: fall back to the timeout.
     }
@@ -179,57 +250,167 @@ export class RedisStore implements IdempotencyStore {
   async close(): Promise<void> {
     this.#closed = true;
     for (const waiters of this.#waiters.values()) for (const wake of waiters) wake();
-    const subscriber = this.#subscriber;
-    this.#subscriber = undefined;
+    const subscription = this.#subscription;
+    this.#subscription = undefined;
     this.#subscribed = undefined;
-    if (subscriber !== undefined) subscriber.disconnect();
+    subscription?.close();
+  }
+
+  /**
+   * The script call, and the WAIT that confirms it: resolves to the reply and to a promise of how many replicas
+   * confirmed every write issued before that WAIT, this one included. One WAIT confirms every script call of an
+   * event-loop turn (group confirmation): it is issued once per turn, after them, on the same connection, so it
+   * follows them in order and they share one wait for the replicas (a WAIT blocks its connection until it returns:
+   * one per call would queue every request behind the one before). The caller awaits the confirmation only when the
+   * call wrote something, so a replay never waits for it. After a NOSCRIPT, the EVAL may go out after that WAIT, so
+   * it is confirmed by the next one.
+   */
+  async #runConfirmed(
+    script: Script,
+    key: string,
+    args: ScriptArgument[],
+    replication: { replicas: number; timeoutMs: number },
+  ): Promise<[unknown, Promise<number>]> {
+    const redisKey = this.#prefix + key;
+    if (this.#coalesce && this.#corked === undefined) this.#cork();
+    const reply = this.#connection.evalsha(script.sha, redisKey, args);
+    const confirmed = this.#confirmation(replication);
+    try {
+      return [await reply, confirmed];
+    } catch (error) {
+      if (!(error instanceof Error) || !error.message.startsWith('NOSCRIPT')) throw error;
+      const loaded = await this.#connection.eval(script.lua, redisKey, args);
+      return [loaded, this.#confirmation(replication)];
+    }
+  }
+
+  /** The WAIT of this event-loop turn, issued (once) after the turn's script calls; see `#runConfirmed`. */
+  #confirmation(replication: { replicas: number; timeoutMs: number }): Promise<number> {
+    let pending = this.#pendingConfirmation;
+    if (pending === undefined) {
+      pending = new Promise<number>((resolve, reject) => {
+        // After #cork's own setImmediate (scheduled first), so the turn's scripts are written before the WAIT.
+        setImmediate(() => {
+          this.#pendingConfirmation = undefined;
+          this.#connection.wait(replication.replicas, replication.timeoutMs).then(resolve, reject);
+        });
+      });
+      pending.catch(() => {}); // awaited by the callers that wrote; a replay does not await it
+      this.#pendingConfirmation = pending;
+    }
+    return pending;
+  }
+
+  /**
+   * A timed-out acquire may still run once Redis answers again (a paused server, a slow network), leaving a lease
+   * nobody holds that would block retries for lockTimeout. Releasing our token behind it undoes that; the token
+   * fences off anyone else's record, so a release can never harm. On ioredis the release follows the acquire on
+   * the same connection, which runs them in order; node-redis closes a connection that timed out, so the acquire
+   * may run after a release sent on the next one: the release is tried again, at growing intervals, until one
+   * removes the lease or the lease has lapsed by itself.
+   */
+  #undoAcquire(key: string, token: string, lockTimeoutMs: number): void {
+    undoAcquire(
+      async () => parseFlag(await this.#run(SCRIPTS.release, key, [token, this.#channel])),
+      lockTimeoutMs,
+      () => this.#closed,
+    );
   }
 
   #subscribe(): Promise<void> {
     if (this.#subscribed !== undefined) return this.#subscribed;
-    const subscriber = this.#client.duplicate();
-    // Without a listener ioredis would print every reconnection error; waiters already degrade to polling.
-    subscriber.on('error', () => {});
-    subscriber.on('message', (_channel: string, redisKey: string) => {
+    const subscription = this.#connection.subscribe(this.#channel, (redisKey) => {
       const waiters = this.#waiters.get(redisKey);
       if (waiters !== undefined) for (const wake of waiters) wake();
     });
-    this.#subscriber = subscriber;
-    this.#subscribed = subscriber.subscribe(this.#channel).then(
-      () => undefined,
-      (error: unknown) => {
-        // Try again on the next wait rather than never.
+    this.#subscription = subscription;
+    this.#subscribed = subscription.ready.catch((error: unknown) => {
+      // Try again on the next wait rather than never.
+      if (this.#subscription === subscription) {
         this.#subscribed = undefined;
-        this.#subscriber = undefined;
-        subscriber.disconnect();
-        throw error;
-      },
-    );
+        this.#subscription = undefined;
+      }
+      subscription.close();
+      throw error;
+    });
     return this.#subscribed;
   }
 
   #cork(): void {
-    // Only a connected standalone client: while connecting, ioredis queues commands itself.
-    const client = this.#client as Redis & { stream?: Socket };
-    const stream = client.stream;
-    if (client.status !== 'ready' || stream === undefined || typeof stream.cork !== 'function') return;
+    const stream = this.#connection.corkableSocket();
+    if (stream === undefined) return;
     this.#corked = stream;
     stream.cork();
     setImmediate(this.#uncork);
   }
 
-  async #run(script: Script, key: string, args: (string | number | Buffer)[]): Promise<unknown> {
+  async #run(script: Script, key: string, args: ScriptArgument[]): Promise<unknown> {
     const redisKey = this.#prefix + key;
-    // evalshaBuffer/evalBuffer exist at runtime but not in ioredis' types. callBuffer('evalsha', ...) would be
-    // typed, but with `enableAutoPipelining` ioredis then sends the SHA as the command name (every call fails).
-    const client = this.#client as unknown as BufferEval;
     if (this.#coalesce && this.#corked === undefined) this.#cork();
     try {
-      return await client.evalshaBuffer(script.sha, 1, redisKey, ...args);
+      return await this.#connection.evalsha(script.sha, redisKey, args);
     } catch (error) {
       if (!(error instanceof Error) || !error.message.startsWith('NOSCRIPT')) throw error;
       // First use on this server (or after a restart/failover): EVAL runs it and caches it for EVALSHA.
-      return client.evalBuffer(script.lua, 1, redisKey, ...args);
+      return this.#connection.eval(script.lua, redisKey, args);
     }
   }
+}
+
+function checkWaitForReplicas(
+  value: RedisStoreOptions['waitForReplicas'],
+  connection: RedisConnection,
+): { replicas: number; timeoutMs: number } | undefined {
+  if (value === undefined) return undefined;
+  const fix = "e.g. waitForReplicas: { replicas: 1, timeout: '250ms' }";
+  if (value === null || typeof value !== 'object') {
+    throw new TypeError(`oncely/redis: option "waitForReplicas" must be an object: ${fix}.`);
+  }
+  const { replicas } = value;
+  if (!Number.isSafeInteger(replicas) || replicas < 1) {
+    throw new TypeError(
+      `oncely/redis: option "waitForReplicas.replicas" must be a whole number of at least 1: ${fix}.`,
+    );
+  }
+  let timeoutMs: number;
+  try {
+    timeoutMs = parseDuration(value.timeout);
+  } catch {
+    throw new TypeError(`oncely/redis: option "waitForReplicas.timeout" must be a duration: ${fix}.`);
+  }
+  // WAIT 0 blocks for ever.
+  if (!(timeoutMs >= 1)) {
+    throw new TypeError(
+      `oncely/redis: option "waitForReplicas.timeout" must be at least 1ms (WAIT with 0 never returns): ${fix}.`,
+    );
+  }
+  if (connection.cluster) {
+    throw new TypeError(
+      'oncely/redis: option "waitForReplicas" needs a standalone or Sentinel client: with a Cluster client, WAIT cannot be sent on the connection that wrote the record.',
+    );
+  }
+  return { replicas, timeoutMs: Math.ceil(timeoutMs) };
+}
+
+function connectionFor(client: object): RedisConnection {
+  if (client === null || typeof client !== 'object') {
+    throw new TypeError('oncely/redis: option "client" must be an ioredis or node-redis client.');
+  }
+  if (isIoredis(client)) return ioredisConnection(client);
+  if (typeof (client as { getMasterNode?: unknown }).getMasterNode === 'function') {
+    throw new TypeError(
+      'oncely/redis: option "client" is a node-redis Sentinel client (createSentinel()), which RedisStore does not support yet: its commands take other arguments, and its pool cannot promise that WAIT follows the write it confirms. Use ioredis with Sentinel: new Redis({ sentinels, name }).',
+    );
+  }
+  if (isNodeRedis(client)) {
+    if (!isNodeRedis5OrLater(client)) {
+      throw new TypeError(
+        'oncely/redis: option "client" is a node-redis 4 client; RedisStore supports node-redis (the `redis` package) 5 and 6: upgrade it, or pass an ioredis client.',
+      );
+    }
+    return nodeRedisConnection(client);
+  }
+  throw new TypeError(
+    'oncely/redis: option "client" must be an ioredis Redis or Cluster (5 or 6), or a node-redis client or cluster (createClient() / createCluster(), redis 5 or 6).',
+  );
 }

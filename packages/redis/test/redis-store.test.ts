@@ -4,24 +4,57 @@
 import { randomUUID } from 'node:crypto';
 import { storeContractSuite } from '@oncely/testing';
 import Redis from 'ioredis';
-import { RedisStore } from '../src';
+import { createClient } from 'redis';
+import { type NodeRedisClient, RedisStore } from '../src';
+import { CLIENT_KINDS, type ConnectedClient } from './clients';
 
 // The machine's shared Redis: every test file uses its own random prefix and never flushes.
 const url = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
 const prefix = `oncely-test:${randomUUID()}:`;
-let client: Redis;
 
-storeContractSuite('RedisStore', {
-  create: () => {
-    client = new Redis(url, { lazyConnect: false, maxRetriesPerRequest: 1 });
-    return new RedisStore({ client, prefix });
-  },
-  destroy: async (store) => {
-    await store.close?.();
-    const keys = await client.keys(`${prefix}*`);
-    if (keys.length > 0) await client.del(...keys);
-    await client.quit();
-  },
+for (const kind of CLIENT_KINDS) {
+  let connected: ConnectedClient;
+  storeContractSuite(`RedisStore on ${kind.name}`, {
+    create: async () => {
+      connected = await kind.standalone(url);
+      return new RedisStore({ client: connected.client, prefix });
+    },
+    destroy: async (store) => {
+      await store.close?.();
+      await connected.close();
+    },
+  });
+}
+
+afterAll(async () => {
+  const cleaner = new Redis(url);
+  const keys = await cleaner.keys(`${prefix}*`);
+  if (keys.length > 0) await cleaner.del(...keys);
+  await cleaner.quit();
+});
+
+describe('the client is detected, and anything else is refused with the fix', () => {
+  test('a node-redis 4 client (no per-command type mapping) is named and refused', () => {
+    const v4Like = { sendCommand: async () => null, duplicate: () => null, isOpen: true };
+    expect(() => new RedisStore({ client: v4Like as unknown as NodeRedisClient })).toThrow(
+      /node-redis 4 client.*5 and 6/,
+    );
+  });
+
+  test('an object that is no Redis client is refused, naming both libraries', () => {
+    expect(() => new RedisStore({ client: {} as unknown as NodeRedisClient })).toThrow(
+      /ioredis Redis or Cluster.*node-redis client or cluster/,
+    );
+  });
+
+  test('a node-redis client that is not connected: each operation fails (a store error), nothing hangs', async () => {
+    const client = createClient({ url });
+    const store = new RedisStore({ client });
+    await expect(store.acquire('never', { fingerprint: 'f', lockTimeoutMs: 1000 })).rejects.toThrow(
+      /closed/i,
+    );
+    await store.close();
+  });
 });
 
 describe('RedisStore coalesceWrites', () => {

@@ -7,22 +7,16 @@ import express from 'express';
 import Redis from 'ioredis';
 import request from 'supertest';
 import { RedisStore } from '../src';
+import { CLIENT_KINDS, type ConnectedClient } from './clients';
 
-// Counted on a private redis-server, so no other client's commands are in the numbers.
+// Counted on a private redis-server, so no other client's commands are in the numbers. `client` is an ioredis
+// connection for inspecting the server; each client RedisStore supports runs the app in turn.
 let redis: PrivateRedis;
 let client: Redis;
-let app: express.Express;
 
 beforeAll(async () => {
   redis = await startRedis();
   client = new Redis(redis.url);
-  app = express();
-  app.use(express.json());
-  app.use(idempotency({ store: new RedisStore({ client }) }));
-  app.post('/charges', (req, res) => void res.status(201).json({ amount: req.body.amount }));
-  // Load the scripts once (the very first call per script is EVALSHA → NOSCRIPT → EVAL).
-  await request(app).post('/charges').set('Idempotency-Key', 'warm-up').send({ amount: 0 });
-  await request(app).post('/charges').set('Idempotency-Key', 'warm-up').send({ amount: 0 });
 });
 afterAll(async () => {
   await client.quit();
@@ -54,33 +48,67 @@ async function roundTrips(work: () => Promise<unknown>): Promise<Record<string, 
   return counts;
 }
 
-test('a first execution costs two round trips (acquire, complete), a replay one', async () => {
-  const first = await roundTrips(() =>
-    request(app).post('/charges').set('Idempotency-Key', 'first').send({ amount: 1 }).expect(201),
-  );
-  expect(first).toEqual({ evalsha: 2 });
+describe.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))('RedisStore on %s', (_name, kind) => {
+  let connected: ConnectedClient;
+  let app: express.Express;
 
-  const replay = await roundTrips(async () => {
-    const res = await request(app).post('/charges').set('Idempotency-Key', 'first').send({ amount: 1 });
-    expect(res.headers['idempotent-replayed']).toBe('true');
+  beforeAll(async () => {
+    connected = await kind.standalone(redis.url);
+    app = express();
+    app.use(express.json());
+    app.use(idempotency({ store: new RedisStore({ client: connected.client }) }));
+    app.post('/charges', (req, res) => void res.status(201).json({ amount: req.body.amount }));
+    // Load the scripts once (the very first call per script is EVALSHA → NOSCRIPT → EVAL).
+    await request(app).post('/charges').set('Idempotency-Key', 'warm-up').send({ amount: 0 });
+    await request(app).post('/charges').set('Idempotency-Key', 'warm-up').send({ amount: 0 });
   });
-  expect(replay).toEqual({ evalsha: 1 });
-
-  const mismatchAndNoKey = await roundTrips(async () => {
-    await request(app).post('/charges').set('Idempotency-Key', 'first').send({ amount: 2 }).expect(422);
-    await request(app).post('/charges').send({ amount: 2 }).expect(201); // no key: Redis is not asked
+  afterAll(async () => {
+    await connected.close();
   });
-  expect(mismatchAndNoKey).toEqual({ evalsha: 1 });
-});
 
-test('after the server loses its script cache (restart, failover), NOSCRIPT is handled', async () => {
-  await redis.cli('script', 'flush');
-  await request(app).post('/charges').set('Idempotency-Key', 'after-flush').send({ amount: 3 }).expect(201);
-  const replay = await request(app)
-    .post('/charges')
-    .set('Idempotency-Key', 'after-flush')
-    .send({ amount: 3 });
-  expect(replay.headers['idempotent-replayed']).toBe('true');
+  test('a first execution costs two round trips (acquire, complete), a replay one', async () => {
+    const first = await roundTrips(() =>
+      request(app)
+        .post('/charges')
+        .set('Idempotency-Key', `first-${kind.name.replace(' ', '-')}`)
+        .send({ amount: 1 })
+        .expect(201),
+    );
+    expect(first).toEqual({ evalsha: 2 });
+
+    const replay = await roundTrips(async () => {
+      const res = await request(app)
+        .post('/charges')
+        .set('Idempotency-Key', `first-${kind.name.replace(' ', '-')}`)
+        .send({ amount: 1 });
+      expect(res.headers['idempotent-replayed']).toBe('true');
+    });
+    expect(replay).toEqual({ evalsha: 1 });
+
+    const mismatchAndNoKey = await roundTrips(async () => {
+      await request(app)
+        .post('/charges')
+        .set('Idempotency-Key', `first-${kind.name.replace(' ', '-')}`)
+        .send({ amount: 2 })
+        .expect(422);
+      await request(app).post('/charges').send({ amount: 2 }).expect(201); // no key: Redis is not asked
+    });
+    expect(mismatchAndNoKey).toEqual({ evalsha: 1 });
+  });
+
+  test('after the server loses its script cache (restart, failover), NOSCRIPT is handled', async () => {
+    await redis.cli('script', 'flush');
+    await request(app)
+      .post('/charges')
+      .set('Idempotency-Key', `after-flush-${kind.name.replace(' ', '-')}`)
+      .send({ amount: 3 })
+      .expect(201);
+    const replay = await request(app)
+      .post('/charges')
+      .set('Idempotency-Key', `after-flush-${kind.name.replace(' ', '-')}`)
+      .send({ amount: 3 });
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+  });
 });
 
 test('a record is one Redis key holding the body as raw bytes', async () => {

@@ -7,65 +7,72 @@ import express from 'express';
 import Redis from 'ioredis';
 import request from 'supertest';
 import { RedisStore } from '../src';
+import { CLIENT_KINDS } from './clients';
 
 // Wait mode on Redis, on a private server so MONITOR sees only this test's commands.
 jest.setTimeout(30_000);
 
 let redis: PrivateRedis;
 let client: Redis;
-let store: RedisStore;
 
 beforeAll(async () => {
   redis = await startRedis();
   client = new Redis(redis.url);
 });
 afterAll(async () => {
-  await store?.close();
   await client.quit();
   await redis.stop();
 });
 
-test('50 waiting duplicates wake on completion through one subscription, without a busy loop', async () => {
-  store = new RedisStore({ client });
-  const app = express();
-  app.use(express.json());
-  app.use(idempotency({ store, inProgress: { wait: '10s' } }));
-  let runs = 0;
-  app.post('/slow', (_req, res) => {
-    runs++;
-    // Long enough that waiters which were not woken would poll (25ms doubling) several times.
-    setTimeout(() => res.status(201).json({ run: runs }), 1500);
-  });
+test.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))(
+  '%s: 50 waiting duplicates wake on completion through one subscription, without a busy loop',
+  async (_name, kind) => {
+    const connected = await kind.standalone(redis.url);
+    const store = new RedisStore({ client: connected.client, prefix: `${kind.library}:${_name.at(-1)}:` });
+    const app = express();
+    app.use(express.json());
+    app.use(idempotency({ store, inProgress: { wait: '10s' } }));
+    let runs = 0;
+    app.post('/slow', (_req, res) => {
+      runs++;
+      // Long enough that waiters which were not woken would poll (25ms doubling) several times.
+      setTimeout(() => res.status(201).json({ run: runs }), 1500);
+    });
 
-  const commands: Record<string, number> = {};
-  const base = new Redis(redis.url);
-  const monitor = await base.monitor(); // a connection of its own: the base one is closed right away
-  base.disconnect();
-  monitor.on('monitor', (_time: string, args: string[], source: string) => {
-    if (source === 'lua') return;
-    const name = String(args[0]).toLowerCase();
-    commands[name] = (commands[name] ?? 0) + 1;
-  });
+    const commands: Record<string, number> = {};
+    const base = new Redis(redis.url);
+    const monitor = await base.monitor(); // a connection of its own: the base one is closed right away
+    base.disconnect();
+    monitor.on('monitor', (_time: string, args: string[], source: string) => {
+      if (source === 'lua') return;
+      const name = String(args[0]).toLowerCase();
+      commands[name] = (commands[name] ?? 0) + 1;
+    });
 
-  const server = app.listen(0, '127.0.0.1');
-  await new Promise((resolve) => server.once('listening', resolve));
-  const responses = await Promise.all(
-    Array.from({ length: 50 }, () => request(server).post('/slow').set('Idempotency-Key', 'wait-1').send({})),
-  );
-  server.closeAllConnections();
-  server.close();
-  monitor.disconnect();
+    const server = app.listen(0, '127.0.0.1');
+    await new Promise((resolve) => server.once('listening', resolve));
+    const responses = await Promise.all(
+      Array.from({ length: 50 }, () =>
+        request(server).post('/slow').set('Idempotency-Key', 'wait-1').send({}),
+      ),
+    );
+    server.closeAllConnections();
+    server.close();
+    monitor.disconnect();
 
-  expect(runs).toBe(1);
-  for (const res of responses) {
-    expect(res.status).toBe(201);
-    expect(res.body).toEqual({ run: 1 });
-  }
-  expect(commands.subscribe).toBe(1);
-  // Per waiter: acquire, watch, then one acquire after the wake-up = 3; the owner: acquire, complete. A poll
-  // loop would need several more rounds per waiter.
-  expect(commands.evalsha ?? 0).toBeLessThanOrEqual(49 * 3 + 2 + 5);
-});
+    expect(runs).toBe(1);
+    for (const res of responses) {
+      expect(res.status).toBe(201);
+      expect(res.body).toEqual({ run: 1 });
+    }
+    expect(commands.subscribe).toBe(1);
+    // Per waiter: acquire, watch, then one acquire after the wake-up = 3; the owner: acquire, complete. A poll
+    // loop would need several more rounds per waiter.
+    expect(commands.evalsha ?? 0).toBeLessThanOrEqual(49 * 3 + 2 + 5);
+    await store.close();
+    await connected.close();
+  },
+);
 
 test('without a working subscription, waiters still get the replay by polling', async () => {
   const pollingStore = new RedisStore({ client, prefix: 'poll:' });

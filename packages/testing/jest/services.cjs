@@ -7,9 +7,10 @@
 //    * @services redis postgres
 //    */
 // Names: redis, postgres, rabbitmq, nats (servers at the URLs below), redis-server (the binaries, for tests that
-// start private Redis servers), chromium (the browser, for tests that drive it headless). A file without the tag
+// start private Redis servers), postgres-server (initdb, postgres and pg_isready, and as root the postgres user, for
+// tests that start private PostgreSQL servers), chromium (the browser, for tests that drive it headless). A file without the tag
 // needs nothing.
-const { existsSync, readFileSync } = require('node:fs');
+const { existsSync, readdirSync, readFileSync } = require('node:fs');
 const { connect } = require('node:net');
 const { delimiter, join } = require('node:path');
 
@@ -48,6 +49,24 @@ function probe({ host, port }, hello, answer, timeoutMs = 2000) {
 
 function onPath(binary) {
   return (process.env.PATH ?? '').split(delimiter).some((dir) => dir !== '' && existsSync(join(dir, binary)));
+}
+
+/** A PostgreSQL binary on PATH or in Debian's /usr/lib/postgresql/<version>/bin (as servers.ts looks for it). */
+function postgresBinary(binary) {
+  if (onPath(binary)) return true;
+  const root = '/usr/lib/postgresql';
+  if (!existsSync(root)) return false;
+  return readdirSync(root).some((version) => existsSync(join(root, version, 'bin', binary)));
+}
+
+/** As root, initdb and postgres must run as the `postgres` user: it must exist. */
+function postgresUser() {
+  if (process.getuid?.() !== 0) return true;
+  try {
+    return /^postgres:/m.test(readFileSync('/etc/passwd', 'utf8'));
+  } catch {
+    return false;
+  }
 }
 
 /** Debian's Chromium, where its package puts it. */
@@ -114,6 +133,17 @@ function services(env = process.env) {
           ? undefined
           : 'redis-server or redis-cli is not on PATH',
       start: 'install it: bash scripts/services.sh (Debian/Ubuntu: packages redis-server and redis-tools)',
+    },
+    'postgres-server': {
+      name: 'postgres-server',
+      where: 'PATH or /usr/lib/postgresql/*/bin',
+      check: async () => {
+        const missing = ['initdb', 'postgres', 'pg_isready'].filter((binary) => !postgresBinary(binary));
+        if (missing.length > 0) return `${missing.join(', ')} not found`;
+        return postgresUser() ? undefined : 'running as root, and there is no postgres user to run them as';
+      },
+      start:
+        'install it: bash scripts/services.sh (Debian/Ubuntu: packages postgresql and postgresql-client)',
     },
     chromium: {
       name: 'chromium',

@@ -23,10 +23,14 @@ export {
   type TestRequest,
 } from './http-suite';
 export { type AppProcess, fireAtOnce, type SentRequest, startAppProcess } from './processes';
+export { type PrivateRedisSentinelSet, type SentinelSetOptions, startRedisSentinelSet } from './sentinel';
 export {
   freePort,
+  type PrivatePostgres,
   type PrivateRedis,
   type PrivateRedisCluster,
+  postgresBinary,
+  startPostgres,
   startRedis,
   startRedisCluster,
 } from './servers';

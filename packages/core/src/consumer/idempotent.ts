@@ -1,7 +1,15 @@
+import type { IdempotencyHooks } from '../http/options';
 import { checkLogger, checkStore, durationOption, functionOption, integerOption } from '../shared/checks';
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
 import { type Logger, silentLogger } from '../shared/logger';
+import {
+  type DecisionEvent,
+  type DecisionOutcome,
+  hooksOf,
+  type ObservableOptions,
+  observedStore,
+} from '../shared/observe';
 import { MemoryStore } from '../stores/memory-store';
 import type { AcquireResult, IdempotencyStore, StoredResponse } from '../stores/store';
 import {
@@ -26,7 +34,7 @@ export interface ResultSerializer<R> {
  * Options of `idempotent()`. `Args` are the wrapped function's parameters; `key` and `fingerprint` receive them.
  * The object you pass is never modified.
  */
-export interface IdempotentOptions<Args extends unknown[], R> {
+export interface IdempotentOptions<Args extends unknown[], R> extends ObservableOptions {
   /** Where records live. Default: a new `MemoryStore()` (this process only; use a shared store for several). */
   store?: IdempotencyStore;
   /**
@@ -52,6 +60,11 @@ export interface IdempotentOptions<Args extends unknown[], R> {
   maxKeyLength?: number;
   /** A pino-compatible logger for lease and store trouble. Default: none. */
   logger?: Logger;
+  /**
+   * Observation hooks, the engine's (`onDecision`, `onStoreOperation`, `onExecutionStart`/`End`, `onComplete`,
+   * `onRelease`, `onFenced`, `onStoreError`), with `adapter: 'consumer'`. Default: none.
+   */
+  hooks?: IdempotencyHooks;
 }
 
 /** What the outcome-aware form resolves to. */
@@ -75,6 +88,7 @@ interface Resolved<Args extends unknown[], R> {
   maxResultBytes: number;
   maxKeyLength: number;
   log: Logger;
+  hooks: IdempotencyHooks;
 }
 
 // How a record written by idempotent() says what it holds: a result, a permanent failure, or "ran, not storable".
@@ -96,6 +110,7 @@ const KNOWN_OPTIONS = new Set([
   'maxResultBytes',
   'maxKeyLength',
   'logger',
+  'hooks',
 ]);
 
 /** The default `isPermanent`: a `PermanentError`. */
@@ -147,24 +162,34 @@ async function runOnce<Args extends unknown[], R>(
   args: Args,
 ): Promise<IdempotentOutcome<R>> {
   // Key and fingerprint come from the arguments as they are now, before fn can change them.
-  const key = computeKey(o, args);
+  let key: string;
   let fingerprint = '';
-  if (o.fingerprint !== undefined) {
-    try {
-      fingerprint = o.fingerprint(...args);
-    } catch (error) {
-      throw new IdempotencyKeyError('the fingerprint function threw; nothing ran.', { cause: error });
+  try {
+    key = computeKey(o, args);
+    if (o.fingerprint !== undefined) {
+      try {
+        fingerprint = o.fingerprint(...args);
+      } catch (error) {
+        throw new IdempotencyKeyError('the fingerprint function threw; nothing ran.', { cause: error });
+      }
+      if (typeof fingerprint !== 'string') {
+        throw new IdempotencyKeyError(
+          `the fingerprint function must return a string; got ${typeof fingerprint}. Nothing ran.`,
+        );
+      }
     }
-    if (typeof fingerprint !== 'string') {
-      throw new IdempotencyKeyError(
-        `the fingerprint function must return a string; got ${typeof fingerprint}. Nothing ran.`,
-      );
-    }
+  } catch (error) {
+    decided(o, 'rejected', undefined, undefined);
+    throw error;
   }
+  // When a wait began (wait mode only), for the onDecision event's waitedMs.
+  let waitStart: number | undefined;
   const acquire = async (): Promise<AcquireResult> => {
     try {
       return await o.store.acquire(key, { fingerprint, lockTimeoutMs: o.lockTimeoutMs });
     } catch (error) {
+      hook(o, 'onStoreError', { key, operation: 'acquire', error });
+      decided(o, 'store_error', key, waitStart);
       throw new IdempotencyStoreError(key, 'acquire', { cause: error });
     }
   };
@@ -175,19 +200,27 @@ async function runOnce<Args extends unknown[], R>(
   for (;;) {
     switch (result.status) {
       case 'acquired':
+        decided(o, 'executed', key, waitStart);
         return execute(fn, o, args, key, result.token);
       case 'completed':
         if (o.fingerprint !== undefined && result.fingerprint !== fingerprint) {
+          decided(o, 'mismatch', key, waitStart);
           throw new IdempotencyMismatchError(key);
         }
+        decided(o, 'replayed', key, waitStart);
         return { outcome: 'replayed', result: replay(o, key, result.response), key };
       case 'in_progress': {
         if (o.fingerprint !== undefined && result.fingerprint !== fingerprint) {
+          decided(o, 'mismatch', key, waitStart);
           throw new IdempotencyMismatchError(key);
         }
         const now = Date.now();
-        if (o.waitMs !== undefined) deadline ??= now + o.waitMs;
+        if (o.waitMs !== undefined && deadline === undefined) {
+          deadline = now + o.waitMs;
+          waitStart = now;
+        }
         if (deadline === undefined || now >= deadline) {
+          decided(o, 'conflict', key, waitStart);
           throw new IdempotencyInProgressError(key, result.retryAfterMs);
         }
         // As the engine's wait mode: a store wake-up is trusted for 5s at a time (the bound on a lost
@@ -201,6 +234,7 @@ async function runOnce<Args extends unknown[], R>(
       }
       default:
         // A store bug, not a decision: refuse rather than guess.
+        decided(o, 'store_error', key, waitStart);
         throw new IdempotencyStoreError(key, 'acquire', {
           cause: new Error(
             `store.acquire() resolved to an unknown status ${JSON.stringify((result as { status?: unknown }).status)}`,
@@ -208,6 +242,35 @@ async function runOnce<Args extends unknown[], R>(
         });
     }
   }
+}
+
+/** Runs a hook, never letting it break a call. */
+function hook<Args extends unknown[], R, K extends keyof IdempotencyHooks>(
+  o: Resolved<Args, R>,
+  name: K,
+  event: Parameters<NonNullable<IdempotencyHooks[K]>>[0],
+): void {
+  const fn = o.hooks[name] as ((e: typeof event) => void) | undefined;
+  if (fn === undefined) return;
+  try {
+    fn(event);
+  } catch (error) {
+    o.log.error({ err: error, hook: name }, 'oncely: a hook threw; ignored');
+  }
+}
+
+/** Reports a final decision to `onDecision`; nothing to do (no clock, no event) when it is not set. */
+function decided<Args extends unknown[], R>(
+  o: Resolved<Args, R>,
+  outcome: DecisionOutcome,
+  key: string | undefined,
+  waitStart: number | undefined,
+): void {
+  if (o.hooks.onDecision === undefined) return;
+  const event: DecisionEvent =
+    key === undefined ? { adapter: 'consumer', outcome } : { adapter: 'consumer', outcome, key };
+  if (waitStart !== undefined) event.waitedMs = Date.now() - waitStart;
+  hook(o, 'onDecision', event);
 }
 
 function computeKey<Args extends unknown[], R>(o: Resolved<Args, R>, args: Args): string {
@@ -238,6 +301,7 @@ async function execute<Args extends unknown[], R>(
   token: string,
 ): Promise<IdempotentOutcome<R>> {
   const lease = new Lease(o, key, token);
+  if (o.hooks.onExecutionStart !== undefined) hook(o, 'onExecutionStart', { adapter: 'consumer', key });
   let value: R;
   try {
     value = await fn(...args);
@@ -247,14 +311,18 @@ async function execute<Args extends unknown[], R>(
       await finish(o, key, token, failureRecord(error), 'a permanent failure');
     } else {
       try {
-        if (!(await o.store.release(key, token))) fenced(o, key, 'release');
+        if (await o.store.release(key, token))
+          hook(o, 'onRelease', { adapter: 'consumer', key, reason: 'error' });
+        else fenced(o, key, 'release');
       } catch (releaseError) {
+        hook(o, 'onStoreError', { key, operation: 'release', error: releaseError });
         o.log.error(
           { err: releaseError, key },
           'oncely: could not release the key after a failure; it frees itself when its lease ends',
         );
       }
     }
+    executionEnded(o, key);
     throw error;
   }
   lease.stop();
@@ -262,6 +330,7 @@ async function execute<Args extends unknown[], R>(
   if ('reason' in encoded) {
     // fn has run: record the key as executed (never release it, or a retry would run fn twice), then refuse.
     await finish(o, key, token, notStoredRecord(encoded.reason), 'an executed-but-not-stored marker');
+    executionEnded(o, key);
     throw new UnstorableResultError(key, encoded.reason, false, { cause: encoded.cause });
   }
   await finish(
@@ -278,6 +347,7 @@ async function execute<Args extends unknown[], R>(
     },
     'the result',
   );
+  executionEnded(o, key);
   // The caller that ran fn gets fn's own value; duplicates get what the store gives back.
   return { outcome: 'executed', result: value, key };
 }
@@ -291,16 +361,31 @@ async function finish<Args extends unknown[], R>(
   what: string,
 ): Promise<void> {
   try {
-    if (!(await o.store.complete(key, token, record, o.ttlMs))) fenced(o, key, 'complete');
+    if (await o.store.complete(key, token, record, o.ttlMs))
+      hook(o, 'onComplete', { key, status: record.status });
+    else fenced(o, key, 'complete');
   } catch (error) {
+    hook(o, 'onStoreError', { key, operation: 'complete', error });
     o.log.error(
       { err: error, key },
-      `oncely: could not store ${what}; once the lease ends, a retry with this key runs the function again`,
+      // A store may have written the record and failed only to confirm it (RedisStore's waitForReplicas).
+      (error as { recordWritten?: unknown } | null)?.recordWritten === true
+        ? `oncely: ${what} was stored but its durability was not confirmed; a failover before it replicates would let a retry run the function again`
+        : `oncely: could not store ${what}; once the lease ends, a retry with this key runs the function again`,
     );
   }
 }
 
-function fenced<Args extends unknown[], R>(o: Resolved<Args, R>, key: string, operation: string): void {
+function executionEnded<Args extends unknown[], R>(o: Resolved<Args, R>, key: string): void {
+  if (o.hooks.onExecutionEnd !== undefined) hook(o, 'onExecutionEnd', { adapter: 'consumer', key });
+}
+
+function fenced<Args extends unknown[], R>(
+  o: Resolved<Args, R>,
+  key: string,
+  operation: 'complete' | 'release' | 'renew',
+): void {
+  hook(o, 'onFenced', { adapter: 'consumer', key, operation });
   o.log.warn(
     { key, operation },
     'oncely: this call lost its lease (it ran longer than lockTimeout without a renewal, so another call may have taken the key over); the store refused the write',
@@ -487,6 +572,7 @@ class Lease<Args extends unknown[], R> {
             else fenced(this.o, this.key, 'renew');
           },
           (error: unknown) => {
+            hook(this.o, 'onStoreError', { key: this.key, operation: 'renew', error });
             this.o.log.warn({ err: error, key: this.key }, 'oncely: lease renewal failed; retrying');
             if (!this.#stopped) this.#schedule();
           },
@@ -533,8 +619,18 @@ function resolveIdempotentOptions<Args extends unknown[], R>(
       `must be a function of the arguments that returns a string, or false; got ${typeof o.fingerprint}.`,
     );
   }
+  const log = o.logger === undefined ? silentLogger : checkLogger(o.logger);
+  const hooks = hooksOf(o) ?? {};
+  const store = o.store === undefined ? new MemoryStore() : checkStore(o.store);
   return {
-    store: o.store === undefined ? new MemoryStore() : checkStore(o.store),
+    store: observedStore(store, 'consumer', hooks, (event) => {
+      const fn = hooks.onStoreOperation;
+      try {
+        fn?.(event);
+      } catch (error) {
+        log.error({ err: error, hook: 'onStoreOperation' }, 'oncely: a hook threw; ignored');
+      }
+    }),
     key: o.key,
     fingerprint: typeof o.fingerprint === 'function' ? o.fingerprint : undefined,
     ttlMs: o.ttl === undefined ? 86_400_000 : durationOption('ttl', o.ttl),
@@ -546,7 +642,8 @@ function resolveIdempotentOptions<Args extends unknown[], R>(
     maxResultBytes:
       o.maxResultBytes === undefined ? 1_048_576 : integerOption('maxResultBytes', o.maxResultBytes),
     maxKeyLength: o.maxKeyLength === undefined ? 255 : integerOption('maxKeyLength', o.maxKeyLength),
-    log: o.logger === undefined ? silentLogger : checkLogger(o.logger),
+    log,
+    hooks,
   };
 }
 

@@ -2,6 +2,7 @@ import { checkLogger, durationOption, functionOption, integerOption } from '../s
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
 import { type Logger, silentLogger } from '../shared/logger';
+import { type DecisionOutcome, hooksOf, type ObservableOptions } from '../shared/observe';
 import type { IdempotencyStore } from '../stores/store';
 import {
   IdempotencyInProgressError,
@@ -108,7 +109,14 @@ export function settlementFor(
   policy: ConsumerRetryPolicy,
   error: unknown,
   failuresBefore: number,
+  /**
+   * `true` when the work itself threw `error`. Then even one of oncely's own errors (an inner `idempotent()` call's
+   * in-progress or unstorable error) is the work failing, not this message's key: retried or dead-lettered, never
+   * acked or delayed for ever. Default: `false`.
+   */
+  thrownByWork = false,
 ): ConsumerSettlement {
+  if (thrownByWork) return failureSettlement(policy, error, failuresBefore);
   if (error instanceof IdempotencyInProgressError) {
     return { action: 'delay', reason: 'in-progress', delayMs: policy.inProgressDelayMs };
   }
@@ -119,6 +127,15 @@ export function settlementFor(
   if (error instanceof UnstorableResultError) return { action: 'ack', reason: 'unstorable' };
   if (error instanceof IdempotencyMismatchError) return { action: 'dead-letter', reason: 'mismatch', error };
   if (error instanceof IdempotencyKeyError) return { action: 'dead-letter', reason: 'invalid-key', error };
+  return failureSettlement(policy, error, failuresBefore);
+}
+
+/** The work failed with `error`: dead-letter when permanent or out of attempts, else retry after the policy's delay. */
+function failureSettlement(
+  policy: ConsumerRetryPolicy,
+  error: unknown,
+  failuresBefore: number,
+): ConsumerSettlement {
   let permanent = error instanceof PermanentError;
   if (!permanent) {
     try {
@@ -150,7 +167,7 @@ export interface ConsumerSettledEvent<M> {
 }
 
 /** The options every broker wrapper takes, with the same names and defaults; `M` is the broker's message type. */
-export interface ConsumerOptions<M> extends ConsumerRetryOptions {
+export interface ConsumerOptions<M> extends ConsumerRetryOptions, ObservableOptions {
   /** Where records live. Default: a new `MemoryStore()` (one process; competing consumers need a shared store). */
   store?: IdempotencyStore;
   /**
@@ -184,12 +201,33 @@ export interface ConsumerBroker<M> {
   keyOf: (msg: M) => string | undefined;
   /** The fingerprint when the user gives none: a hash of the message's bytes. */
   fingerprint: (msg: M) => string;
+  /**
+   * Store the work's return value and hand it back in `ConsumerDecision.result` (executed and replayed alike), for
+   * brokers where a job has a result (BullMQ). Default: `false`: `null` is stored, so any handler fits.
+   */
+  storeResults?: boolean;
+  /**
+   * Runs the keyed work in one transaction with its record, instead of `idempotent()` over `options.store` (a
+   * `PostgresStore`'s `transaction()`: the record commits with the work's own writes). Gets the checked key and the
+   * message's fingerprint (`undefined` with `fingerprint: false`); what it throws is settled by `settlementFor`
+   * like any other error, so `IdempotencyInProgressError` delays the message. Default: none.
+   */
+  runInTransaction?: (
+    msg: M,
+    key: string,
+    fingerprint: string | undefined,
+  ) => Promise<{ outcome: 'executed' | 'replayed'; result: unknown }>;
 }
 
 /** One delivery's decision. */
 export interface ConsumerDecision {
   key: string | undefined;
   settlement: ConsumerSettlement;
+  /**
+   * With `broker.storeResults`, on `ack` `executed`/`replayed`: the work's return value (this delivery's own run) or
+   * the stored one (a duplicate, as JSON gave it back). Absent otherwise.
+   */
+  result?: unknown;
 }
 
 /** The consumers' engine, made once per wrapped handler by `consumerRuntime()`. */
@@ -223,6 +261,7 @@ const SHARED_CONSUMER_OPTIONS = [
   'maxKeyLength',
   'logger',
   'onSettled',
+  'hooks',
   ...CONSUMER_OPTIONS,
 ];
 
@@ -268,12 +307,28 @@ export function consumerRuntime<M>(
     throw new IdempotencyOptionsError('onSettled', `must be a function; got ${typeof onSettled}.`);
   }
   const { keyOf } = broker;
+  // Observation hooks (and otel()'s), handed to idempotentOutcome; `decided` reports what it never sees: keys it is
+  // not given, and the transactional path, which bypasses it.
+  const hooks = hooksOf(options);
+  const decided = (outcome: DecisionOutcome, key?: string): void => {
+    if (hooks?.onDecision === undefined) return;
+    try {
+      hooks.onDecision(
+        key === undefined ? { adapter: 'consumer', outcome } : { adapter: 'consumer', outcome, key },
+      );
+    } catch (error) {
+      log.error({ err: error, hook: 'onDecision' }, 'oncely: a hook threw; ignored');
+    }
+  };
+  const rejected = (): void => decided('rejected');
 
-  // The work's own result is not a consumer's business: `null` is what gets stored, so any handler fits.
+  // Unless the broker asks for results, the work's own result is not a consumer's business: `null` is what gets
+  // stored, so any handler fits.
+  const storeResults = broker.storeResults === true;
   const run = idempotentOutcome(
-    async (_msg: M, _key: string, work: () => unknown) => {
-      await work();
-      return null;
+    async (_msg: M, _key: string, work: () => unknown): Promise<unknown> => {
+      const value = await work();
+      return storeResults ? value : null;
     },
     {
       key: (_msg, key) => key,
@@ -285,17 +340,68 @@ export function consumerRuntime<M>(
       ...(options.inProgress === undefined ? {} : { inProgress: options.inProgress }),
       ...(options.maxKeyLength === undefined ? {} : { maxKeyLength: options.maxKeyLength }),
       ...(options.logger === undefined ? {} : { logger: options.logger }),
+      ...(hooks === undefined ? {} : { hooks }),
     },
   );
+  // The transactional path bypasses idempotentOutcome, so it checks the key and fingerprint the same way here.
+  const { runInTransaction } = broker;
+  const maxKeyLength = options.maxKeyLength ?? 255;
+  const inTransaction = async (
+    transaction: NonNullable<ConsumerBroker<M>['runInTransaction']>,
+    msg: M,
+    key: string,
+  ): Promise<{ outcome: 'executed' | 'replayed'; result: unknown }> => {
+    if (key.length > maxKeyLength) {
+      rejected();
+      throw new IdempotencyKeyError(
+        `the key is ${key.length} characters long, more than maxKeyLength (${maxKeyLength}). Nothing ran.`,
+      );
+    }
+    let messageFingerprint: unknown;
+    if (fingerprint !== false) {
+      try {
+        messageFingerprint = (fingerprint ?? broker.fingerprint)(msg);
+      } catch (error) {
+        rejected();
+        throw new IdempotencyKeyError('the fingerprint function threw; nothing ran.', { cause: error });
+      }
+      if (typeof messageFingerprint !== 'string') {
+        rejected();
+        throw new IdempotencyKeyError(
+          `the fingerprint function must return a string; got ${typeof messageFingerprint}. Nothing ran.`,
+        );
+      }
+    }
+    try {
+      const done = await transaction(msg, key, messageFingerprint as string | undefined);
+      decided(done.outcome, key);
+      return done;
+    } catch (error) {
+      const outcome = transactionOutcome(error);
+      if (outcome !== undefined) decided(outcome, key);
+      throw error;
+    }
+  };
 
   return {
     policy,
     log,
-    async decide(msg, failuresBefore, work = () => handler(msg)) {
+    async decide(msg, failuresBefore, givenWork = () => handler(msg)) {
+      // Whether the work itself threw: its errors are failures of the work, whatever their class.
+      let workThrew = false;
+      const work = async (): Promise<unknown> => {
+        try {
+          return await givenWork();
+        } catch (error) {
+          workThrew = true;
+          throw error;
+        }
+      };
       let key: string | undefined;
       try {
         key = keyOf(msg);
       } catch (error) {
+        rejected();
         return {
           key: undefined,
           settlement: {
@@ -306,21 +412,30 @@ export function consumerRuntime<M>(
         };
       }
       if (key === undefined || key === '') {
-        if (!processWithoutKey)
+        if (!processWithoutKey) {
+          rejected();
           return { key: undefined, settlement: { action: 'dead-letter', reason: 'missing-key' } };
+        }
         log.warn({}, 'oncely: message without an idempotency key processed WITHOUT protection');
         try {
-          await work();
-          return { key: undefined, settlement: { action: 'ack', reason: 'executed' } };
+          const value = await work();
+          return {
+            key: undefined,
+            settlement: { action: 'ack', reason: 'executed' },
+            ...(storeResults ? { result: value } : {}),
+          };
         } catch (error) {
-          return { key: undefined, settlement: settlementFor(policy, error, failuresBefore) };
+          return { key: undefined, settlement: settlementFor(policy, error, failuresBefore, workThrew) };
         }
       }
       try {
-        const { outcome } = await run(msg, key, work);
-        return { key, settlement: { action: 'ack', reason: outcome } };
+        const { outcome, result } =
+          runInTransaction === undefined
+            ? await run(msg, key, work)
+            : await inTransaction(runInTransaction, msg, key);
+        return { key, settlement: { action: 'ack', reason: outcome }, ...(storeResults ? { result } : {}) };
       } catch (error) {
-        return { key, settlement: settlementFor(policy, error, failuresBefore) };
+        return { key, settlement: settlementFor(policy, error, failuresBefore, workThrew) };
       }
     },
     settledEvent(msg, key, settlement, failures) {
@@ -338,12 +453,30 @@ export function consumerRuntime<M>(
     report(event) {
       if (onSettled === undefined) return;
       try {
-        onSettled(event);
+        const returned: unknown = onSettled(event);
+        // An async onSettled that rejects must not become an unhandled rejection (which ends a Node process).
+        if (returned instanceof Promise) {
+          returned.catch((error: unknown) =>
+            log.error({ err: error }, 'oncely: onSettled rejected; ignored'),
+          );
+        }
       } catch (error) {
         log.error({ err: error }, 'oncely: onSettled threw; ignored');
       }
     },
   };
+}
+
+/**
+ * The decision a failed transaction stands for, as idempotent() reports it: another run holds the key (conflict),
+ * the key was reused for other data (mismatch), the store failed (store_error). An error of the work itself was
+ * reported as executed by nobody: the transaction rolled back, so nothing is counted (a retry decides again).
+ */
+function transactionOutcome(error: unknown): DecisionOutcome | undefined {
+  if (error instanceof IdempotencyInProgressError) return 'conflict';
+  if (error instanceof IdempotencyMismatchError) return 'mismatch';
+  if (error instanceof IdempotencyStoreError) return 'store_error';
+  return undefined;
 }
 
 function checkOnMissingKey(value: unknown): boolean {

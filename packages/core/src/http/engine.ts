@@ -1,6 +1,8 @@
 import { type Logger, silentLogger } from '../shared/logger';
+import { type DecisionEvent, type DecisionOutcome, observedStore } from '../shared/observe';
 import type {
   AcquireResult,
+  IdempotencyStore,
   StoredResponse,
   StoreTransaction,
   TransactionAcquiredResult,
@@ -78,6 +80,11 @@ export class Idempotency<Req = unknown> {
   // Shared with the engines made by with(), so a plugin and its routes warn once between them.
   readonly #unscopedWarning: { given: boolean };
   #unparsedBodyWarned = false;
+  /**
+   * @internal The store as the engine calls it: `options.store` itself, or, with an `onStoreOperation` hook, a
+   * wrapper timing each operation (shared/observe.ts).
+   */
+  readonly observedStore: IdempotencyStore;
 
   constructor(
     options: IdempotencyOptions<Req> = {},
@@ -86,6 +93,10 @@ export class Idempotency<Req = unknown> {
   ) {
     this.options = resolveOptions(options, base?.options, extraKnownOptions);
     this.#unscopedWarning = base === undefined ? { given: false } : base.#unscopedWarning;
+    const log = this.options.logger ?? silentLogger;
+    this.observedStore = observedStore(this.options.store, 'http', this.options.hooks, (event) =>
+      this.#hook('onStoreOperation', event, log),
+    );
   }
 
   /** An engine with `overrides` over this one's options (a route's options over its plugin's). */
@@ -138,6 +149,7 @@ export class Idempotency<Req = unknown> {
     if (raw === undefined) {
       if (!o.required) return PASS;
       log.debug({ header: o.header }, 'oncely: idempotency key missing');
+      this.#decided('rejected', undefined, undefined, log);
       return this.#problem(
         400,
         'keyMissing',
@@ -152,6 +164,7 @@ export class Idempotency<Req = unknown> {
         clientKey.problem === 'too-long'
           ? `The ${o.header} header is longer than ${o.maxKeyLength} characters.`
           : `The ${o.header} header ${KEY_PROBLEM_DETAIL[clientKey.problem]}.`;
+      this.#decided('rejected', undefined, undefined, log);
       return this.#problem(400, 'keyInvalid', 'Invalid idempotency key', detail);
     }
 
@@ -190,15 +203,18 @@ export class Idempotency<Req = unknown> {
     try {
       result = await this.#acquire(key, fingerprint);
     } catch (error) {
-      return this.#storeDown(key, error, log, clientKey);
+      return this.#storeDown(key, error, log, clientKey, undefined);
     }
 
     let deadline: number | undefined;
+    // When a wait began (wait mode only), for the onDecision event's waitedMs.
+    let waitStart: number | undefined;
     let polls = 0;
     for (;;) {
       switch (result.status) {
         case 'acquired':
           this.#hook('onMiss', { key }, log);
+          this.#decided('executed', key, waitStart, log);
           return {
             action: 'execute',
             execution: new Execution(
@@ -211,15 +227,24 @@ export class Idempotency<Req = unknown> {
             ),
           };
         case 'completed':
-          if (o.fingerprint !== false && result.fingerprint !== fingerprint) return this.#mismatch(key, log);
+          if (o.fingerprint !== false && result.fingerprint !== fingerprint)
+            return this.#mismatch(key, log, waitStart);
           this.#hook('onHit', { key }, log);
+          this.#decided('replayed', key, waitStart, log);
           return { action: 'respond', response: replayOf(result.response), replayed: true };
         case 'in_progress': {
-          if (o.fingerprint !== false && result.fingerprint !== fingerprint) return this.#mismatch(key, log);
+          if (o.fingerprint !== false && result.fingerprint !== fingerprint)
+            return this.#mismatch(key, log, waitStart);
           if (polls === 0) this.#hook('onConflict', { key, retryAfterMs: result.retryAfterMs }, log);
           const now = Date.now();
-          if (o.waitMs !== undefined) deadline ??= now + o.waitMs;
-          if (deadline === undefined || now >= deadline) return this.#conflict();
+          if (o.waitMs !== undefined && deadline === undefined) {
+            deadline = now + o.waitMs;
+            waitStart = now;
+          }
+          if (deadline === undefined || now >= deadline) {
+            this.#decided('conflict', key, waitStart, log);
+            return this.#conflict();
+          }
           // Sleep until the record changes, the lease runs out, or the wait ends. A store wake-up is trusted for
           // up to 5s at a time (the bound on a lost notification); without one, poll with backoff (25ms doubling
           // to 1.6s) rather than spin.
@@ -230,7 +255,7 @@ export class Idempotency<Req = unknown> {
           try {
             result = await this.#acquire(key, fingerprint);
           } catch (error) {
-            return this.#storeDown(key, error, log, clientKey);
+            return this.#storeDown(key, error, log, clientKey, waitStart);
           }
           break;
         }
@@ -243,6 +268,7 @@ export class Idempotency<Req = unknown> {
             ),
             log,
             clientKey,
+            waitStart,
           );
       }
     }
@@ -274,8 +300,22 @@ export class Idempotency<Req = unknown> {
     const o = this.options;
     const options = { fingerprint, lockTimeoutMs: o.lockTimeoutMs };
     return o.transactional
-      ? (o.store as TransactionalIdempotencyStore).acquireInTransaction(key, options)
-      : o.store.acquire(key, options);
+      ? (this.observedStore as TransactionalIdempotencyStore).acquireInTransaction(key, options)
+      : this.observedStore.acquire(key, options);
+  }
+
+  /** Reports a final decision to `onDecision`; nothing to do (no clock, no event) when it is not set. */
+  #decided(
+    outcome: DecisionOutcome,
+    key: string | undefined,
+    waitStart: number | undefined,
+    log: Logger,
+  ): void {
+    if (this.options.hooks.onDecision === undefined) return;
+    const event: DecisionEvent =
+      key === undefined ? { adapter: 'http', outcome } : { adapter: 'http', outcome, key };
+    if (waitStart !== undefined) event.waitedMs = Date.now() - waitStart;
+    this.#hook('onDecision', event, log);
   }
 
   /** Runs a hook, never letting it break a request. */
@@ -316,8 +356,9 @@ export class Idempotency<Req = unknown> {
     };
   }
 
-  #mismatch(key: string, log: Logger): HttpDecision {
+  #mismatch(key: string, log: Logger, waitStart: number | undefined): HttpDecision {
     this.#hook('onMismatch', { key }, log);
+    this.#decided('mismatch', key, waitStart, log);
     log.info({ key }, 'oncely: idempotency key reused with a different request');
     return this.#problem(
       422,
@@ -340,8 +381,15 @@ export class Idempotency<Req = unknown> {
     );
   }
 
-  #storeDown(key: string, error: unknown, log: Logger, clientKey: string): HttpDecision {
+  #storeDown(
+    key: string,
+    error: unknown,
+    log: Logger,
+    clientKey: string,
+    waitStart: number | undefined,
+  ): HttpDecision {
     this.#hook('onStoreError', { key, operation: 'acquire', error }, log);
+    this.#decided('store_error', key, waitStart, log);
     if (this.options.failOpen) {
       log.warn(
         { err: error, key },
@@ -407,6 +455,8 @@ export class Execution {
     this.protected = token !== undefined;
     this.maxBodyBytes = engine.options.maxBodyBytes;
     this.bufferLimit = transaction === undefined ? this.maxBodyBytes : Number.POSITIVE_INFINITY;
+    if (engine.options.hooks.onExecutionStart !== undefined)
+      engine.hook('onExecutionStart', { adapter: 'http', key }, log);
     if (token !== undefined && transaction === undefined) this.#scheduleRenewal();
   }
 
@@ -445,7 +495,7 @@ export class Execution {
     }
     if (this.#transaction !== undefined) return this.#commit({ status: captured.status, headers, body });
     try {
-      const stored = await o.store.complete(
+      const stored = await this.#engine.observedStore.complete(
         this.key,
         this.#token,
         { status: captured.status, headers, body },
@@ -457,7 +507,10 @@ export class Execution {
       this.#engine.hook('onStoreError', { key: this.key, operation: 'complete', error }, this.#log);
       this.#log.error(
         { err: error, key: this.key },
-        'oncely: could not store the response; a retry after the lease ends will run the handler again',
+        // A store may have written the record and failed only to confirm it (RedisStore's waitForReplicas).
+        (error as { recordWritten?: unknown } | null)?.recordWritten === true
+          ? 'oncely: the response was stored but its durability was not confirmed; a failover before it replicates would let a retry run the handler again'
+          : 'oncely: could not store the response; a retry after the lease ends will run the handler again',
       );
     }
     return undefined;
@@ -521,6 +574,8 @@ export class Execution {
     if (this.#settled) return true;
     this.#settled = true;
     if (this.#timer !== undefined) clearTimeout(this.#timer);
+    if (this.#engine.options.hooks.onExecutionEnd !== undefined)
+      this.#engine.hook('onExecutionEnd', { adapter: 'http', key: this.key }, this.#log);
     return false;
   }
 
@@ -530,7 +585,9 @@ export class Execution {
         await this.#transaction.rollback();
         this.#engine.hook(
           'onRelease',
-          status === undefined ? { key: this.key, reason } : { key: this.key, reason, status },
+          status === undefined
+            ? { adapter: 'http', key: this.key, reason }
+            : { adapter: 'http', key: this.key, reason, status },
           this.#log,
         );
       } catch (error) {
@@ -543,11 +600,13 @@ export class Execution {
       return;
     }
     try {
-      const released = await this.#engine.options.store.release(this.key, this.#token as string);
+      const released = await this.#engine.observedStore.release(this.key, this.#token as string);
       if (released)
         this.#engine.hook(
           'onRelease',
-          status === undefined ? { key: this.key, reason } : { key: this.key, reason, status },
+          status === undefined
+            ? { adapter: 'http', key: this.key, reason }
+            : { adapter: 'http', key: this.key, reason, status },
           this.#log,
         );
       else this.#fenced('release');
@@ -561,7 +620,7 @@ export class Execution {
   }
 
   #fenced(operation: 'complete' | 'release' | 'renew'): void {
-    this.#engine.hook('onFenced', { key: this.key, operation }, this.#log);
+    this.#engine.hook('onFenced', { adapter: 'http', key: this.key, operation }, this.#log);
     this.#log.warn(
       { key: this.key, operation },
       'oncely: this request lost its lease (it ran longer than lockTimeout without a renewal); the store refused the write',
@@ -573,7 +632,7 @@ export class Execution {
     this.#timer = setTimeout(
       () => {
         this.#timer = undefined;
-        this.#engine.options.store.renew(this.key, this.#token as string, lockTimeoutMs).then(
+        this.#engine.observedStore.renew(this.key, this.#token as string, lockTimeoutMs).then(
           (renewed) => {
             if (this.#settled) return;
             if (renewed) this.#scheduleRenewal();

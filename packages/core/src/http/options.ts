@@ -2,6 +2,14 @@ import { checkLogger, checkStore, positiveDuration } from '../shared/checks';
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
 import type { Logger } from '../shared/logger';
+import {
+  type AdapterKind,
+  type DecisionEvent,
+  type ExecutionEvent,
+  hooksOver,
+  type ObservableOptions,
+  type StoreOperationEvent,
+} from '../shared/observe';
 import { MemoryStore } from '../stores/memory-store';
 import type { IdempotencyStore, TransactionalIdempotencyStore } from '../stores/store';
 import { ALWAYS_EXCLUDED_HEADERS, TOKEN } from './headers';
@@ -20,8 +28,12 @@ export interface StoreErrorEvent {
 }
 export interface FencedEvent extends IdempotencyEvent {
   operation: 'complete' | 'release' | 'renew';
+  /** Who reported it: the engine (`'http'`) or `idempotent()` (`'consumer'`). */
+  adapter?: AdapterKind;
 }
 export interface ReleaseEvent extends IdempotencyEvent {
+  /** Who reported it: the engine (`'http'`) or `idempotent()` (`'consumer'`). */
+  adapter?: AdapterKind;
   reason: 'not-cacheable' | 'error';
   status?: number;
 }
@@ -61,13 +73,24 @@ export interface IdempotencyHooks {
    * never with `scope` set or `scope: false`.
    */
   onUnscopedCredentials?(event: UnscopedCredentialsEvent): void;
+  /**
+   * The final decision for a request or message, once (after a wait, if any), with how long it waited. One event
+   * per decision, so counting them counts requests; `onHit`, `onConflict` and the others say the same more finely.
+   */
+  onDecision?(event: DecisionEvent): void;
+  /** A store operation finished (or failed), with its duration. Setting this hook is what turns timing on. */
+  onStoreOperation?(event: StoreOperationEvent): void;
+  /** A handler (or consumer function) started running under a key; `onExecutionEnd` follows exactly once. */
+  onExecutionStart?(event: ExecutionEvent): void;
+  /** The execution `onExecutionStart` announced was settled: completed, released, failed, or given up. */
+  onExecutionEnd?(event: ExecutionEvent): void;
 }
 
 /**
  * Options shared by every adapter. `Req` is the framework's request type (Express `Request`, Fastify
  * `FastifyRequest`), passed to `scope` and `fingerprint`. The object you pass is never modified.
  */
-export interface IdempotencyOptions<Req = unknown> {
+export interface IdempotencyOptions<Req = unknown> extends ObservableOptions {
   /** Where records live. Default: a new `MemoryStore()` (one process only; use a shared store for several). */
   store?: IdempotencyStore;
   /** How long a completed response is kept and replayed. Default: `'24h'`. */
@@ -105,7 +128,10 @@ export interface IdempotencyOptions<Req = unknown> {
   onStoreError?: 'fail-closed' | 'fail-open';
   /** A pino-compatible logger. Default: none (Fastify: `request.log`). */
   logger?: Logger;
-  /** Observation hooks. Default: none. */
+  /**
+   * Observation hooks. Add-ons such as `otel()` add theirs beside these (`{ ...options, ...otel() }`), never in
+   * their place. Default: none.
+   */
   hooks?: IdempotencyHooks;
   /**
    * Run each execution inside a store transaction that the handler's writes join (`req.idempotency.db`), so they
@@ -223,7 +249,7 @@ export function resolveOptions<Req>(
         : checkExcludeHeaders(o.excludeHeaders),
     failOpen: o.onStoreError === undefined ? (base?.failOpen ?? false) : checkOnStoreError(o.onStoreError),
     logger: o.logger === undefined ? base?.logger : checkLogger(o.logger),
-    hooks: o.hooks === undefined ? (base?.hooks ?? {}) : checkHooks(o.hooks),
+    hooks: hooksOver(o, base?.hooks) ?? {},
     transactional:
       o.transactional === undefined
         ? (base?.transactional ?? false)
@@ -338,14 +364,4 @@ function checkOnStoreError(value: unknown): boolean {
     'onStoreError',
     `must be 'fail-closed' or 'fail-open'; got ${JSON.stringify(value)}.`,
   );
-}
-
-function checkHooks(value: IdempotencyHooks): IdempotencyHooks {
-  if (value === null || typeof value !== 'object') {
-    throw new IdempotencyOptionsError('hooks', 'must be an object of callbacks such as { onHit(event) {} }.');
-  }
-  for (const [name, hook] of Object.entries(value)) {
-    if (typeof hook !== 'function') throw new IdempotencyOptionsError(`hooks.${name}`, 'must be a function.');
-  }
-  return { ...value };
 }

@@ -1,0 +1,362 @@
+import {
+  type AdapterKind,
+  composeHooks,
+  type DecisionEvent,
+  type DecisionOutcome,
+  type ExecutionEvent,
+  type IdempotencyHooks,
+  IdempotencyOptionsError,
+  OBSERVERS,
+  type StoreOperation,
+  type StoreOperationEvent,
+} from '@oncely/core';
+import {
+  type Attributes,
+  context,
+  type Histogram,
+  type Meter,
+  type MeterProvider,
+  metrics,
+  SpanKind,
+  SpanStatusCode,
+  type Tracer,
+  type TracerProvider,
+  trace,
+} from '@opentelemetry/api';
+
+/** The instrumentation scope name of every meter and tracer this package makes. */
+export const INSTRUMENTATION_NAME = '@oncely/opentelemetry';
+/** The instrumentation scope version (this package's version). */
+export const INSTRUMENTATION_VERSION = '0.0.0';
+
+/** Metric names (OpenTelemetry style; the Prometheus exporter writes dots as underscores and adds unit suffixes). */
+export const METRICS = {
+  decisions: 'oncely.decisions',
+  storeDuration: 'oncely.store.operation.duration',
+  waitDuration: 'oncely.wait.duration',
+  activeExecutions: 'oncely.executions.active',
+} as const;
+
+/** Attribute names used on metrics and spans. None ever carries a key, a scope or anything from a request body. */
+export const ATTRIBUTES = {
+  outcome: 'oncely.outcome',
+  adapter: 'oncely.adapter',
+  replayed: 'oncely.replayed',
+  storeOperation: 'oncely.store.operation',
+  storeResult: 'oncely.store.result',
+  storeKind: 'oncely.store.kind',
+} as const;
+
+/** Every value of the decisions counter's `oncely.outcome`: the engine's decisions, plus `fenced` and `released`. */
+export type OtelOutcome = DecisionOutcome | 'fenced' | 'released';
+
+export interface OtelOptions {
+  /** Where the meter comes from. Default: the global one (`metrics.getMeterProvider()`), read at the first event. */
+  meterProvider?: MeterProvider;
+  /** Where the tracer comes from. Default: the global one (`trace.getTracerProvider()`). */
+  tracerProvider?: TracerProvider;
+  /** Record metrics. Default: `true`. */
+  metrics?: boolean;
+  /**
+   * Annotate the active span (the HTTP server span, the message's span) with the outcome and add a child span per
+   * store operation. Spans are only started under a recording parent: none when no tracer provider is registered.
+   * Default: `true`.
+   */
+  traces?: boolean;
+  /** Your own hooks, run before OpenTelemetry's (an exception in one never stops the other). Default: none. */
+  hooks?: IdempotencyHooks;
+}
+
+/** What `otel()` returns: spread it into an engine's, `idempotent()`'s or a broker wrapper's options. */
+export interface OtelOptionsFragment {
+  readonly [OBSERVERS]: readonly IdempotencyHooks[];
+}
+
+// Seconds. Memory stores answer in microseconds, networked ones in milliseconds; timeouts end at seconds.
+const STORE_BUCKETS = [0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5];
+const WAIT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
+
+const OUTCOMES: readonly OtelOutcome[] = [
+  'executed',
+  'replayed',
+  'conflict',
+  'mismatch',
+  'rejected',
+  'store_error',
+  'fenced',
+  'released',
+];
+const ADAPTERS: readonly AdapterKind[] = ['http', 'consumer'];
+const STORE_OPERATIONS: readonly StoreOperation[] = ['acquire', 'complete', 'release', 'renew'];
+const STORE_RESULTS: readonly ('ok' | 'error')[] = ['ok', 'error'];
+
+const KNOWN_OPTIONS = new Set(['meterProvider', 'tracerProvider', 'metrics', 'traces', 'hooks']);
+
+/**
+ * The instruments of one meter, shared by every otel() that records to it. The decisions counter and the executions
+ * in flight are counted here in plain numbers and reported by observable instruments when the SDK collects: an SDK
+ * `add()` or `record()` hashes its attributes on every call (sort + JSON.stringify, ~1-1.5 µs here), and a first
+ * execution made three `add()`s; an increment here is a few ns (`OTEL=on pnpm --filter @oncely/benchmarks micro
+ * first`: +8 µs per first execution with synchronous instruments, +3 µs with these). Histograms have no observable
+ * form: durations are recorded as they come, with two attributes (each one costs ~0.3 µs per record()).
+ */
+interface Instruments {
+  decisions: Record<AdapterKind, Record<OtelOutcome, number>>;
+  active: Record<AdapterKind, number>;
+  /** Adapter kinds seen so far: only they are reported (all their outcomes, zeros included, so rates exist). */
+  seen: Record<AdapterKind, boolean>;
+  storeDuration: Histogram;
+  waitDuration: Histogram;
+}
+
+const instrumentsByMeter = new WeakMap<Meter, Instruments>();
+
+// Attribute sets are made once and reused: no allocation per event.
+const DECISION_ATTRIBUTES = table(ADAPTERS, (adapter) =>
+  table(OUTCOMES, (outcome) => freeze({ [ATTRIBUTES.outcome]: outcome, [ATTRIBUTES.adapter]: adapter })),
+);
+const ADAPTER_ATTRIBUTES = table(ADAPTERS, (adapter) => freeze({ [ATTRIBUTES.adapter]: adapter }));
+
+function instrumentsOf(meter: Meter): Instruments {
+  const existing = instrumentsByMeter.get(meter);
+  if (existing !== undefined) return existing;
+  const instruments: Instruments = {
+    decisions: table(ADAPTERS, () => table(OUTCOMES, () => 0)),
+    active: table(ADAPTERS, () => 0),
+    seen: table(ADAPTERS, () => false),
+    storeDuration: meter.createHistogram(METRICS.storeDuration, {
+      description: 'Duration of idempotency store operations',
+      unit: 's',
+      advice: { explicitBucketBoundaries: STORE_BUCKETS },
+    }),
+    waitDuration: meter.createHistogram(METRICS.waitDuration, {
+      description: 'Time a request or message waited for the key held by another (inProgress: { wait })',
+      unit: 's',
+      advice: { explicitBucketBoundaries: WAIT_BUCKETS },
+    }),
+  };
+  meter
+    .createObservableCounter(METRICS.decisions, {
+      description: 'Idempotency decisions, by outcome and adapter kind',
+      unit: '{decision}',
+    })
+    .addCallback((result) => {
+      for (const adapter of ADAPTERS) {
+        if (!instruments.seen[adapter]) continue;
+        for (const outcome of OUTCOMES) {
+          result.observe(instruments.decisions[adapter][outcome], DECISION_ATTRIBUTES[adapter][outcome]);
+        }
+      }
+    });
+  meter
+    .createObservableUpDownCounter(METRICS.activeExecutions, {
+      description: 'Handlers and consumer functions running under an idempotency key',
+      unit: '{execution}',
+    })
+    .addCallback((result) => {
+      for (const adapter of ADAPTERS) {
+        if (instruments.seen[adapter])
+          result.observe(instruments.active[adapter], ADAPTER_ATTRIBUTES[adapter]);
+      }
+    });
+  instrumentsByMeter.set(meter, instruments);
+  return instruments;
+}
+
+/**
+ * Turns OpenTelemetry on for an engine, `idempotent()` or a broker wrapper:
+ * `idempotency({ ...options, ...otel() })`. It adds its hooks beside the options' own `hooks` (in any spread
+ * order), never in their place. Depends on `@opentelemetry/api` only: the SDK and exporters are yours to set up.
+ */
+export function otel(options: OtelOptions = {}): OtelOptionsFragment {
+  return { [OBSERVERS]: [otelHooks(options)] };
+}
+
+/**
+ * The same as `otel()`, as a hooks object: `hooks: otelHooks({ hooks: myHooks })`, or
+ * `hooks: composeHooks(myHooks, otelHooks())`.
+ */
+export function otelHooks(options: OtelOptions = {}): IdempotencyHooks {
+  const o = checkOptions(options);
+  const ours = o.metrics || o.traces ? buildHooks(o) : {};
+  return o.hooks === undefined ? ours : composeHooks(o.hooks, ours);
+}
+
+interface Checked {
+  meterProvider: MeterProvider | undefined;
+  tracerProvider: TracerProvider | undefined;
+  metrics: boolean;
+  traces: boolean;
+  hooks: IdempotencyHooks | undefined;
+}
+
+function checkOptions(options: OtelOptions): Checked {
+  if (options === null || typeof options !== 'object') {
+    throw new IdempotencyOptionsError(
+      'otel options',
+      'must be an object; pass {} or leave it out for the defaults.',
+    );
+  }
+  for (const name of Object.keys(options)) {
+    if (!KNOWN_OPTIONS.has(name)) {
+      throw new IdempotencyOptionsError(
+        name,
+        `is not an option of otel(); known options: ${[...KNOWN_OPTIONS].join(', ')}.`,
+      );
+    }
+  }
+  for (const name of ['metrics', 'traces'] as const) {
+    const value = options[name];
+    if (value !== undefined && typeof value !== 'boolean') {
+      throw new IdempotencyOptionsError(name, `must be true or false; got ${JSON.stringify(value)}.`);
+    }
+  }
+  if (options.meterProvider !== undefined && typeof options.meterProvider?.getMeter !== 'function') {
+    throw new IdempotencyOptionsError(
+      'meterProvider',
+      'must be an OpenTelemetry MeterProvider (from @opentelemetry/sdk-metrics), or left out for the global one.',
+    );
+  }
+  if (options.tracerProvider !== undefined && typeof options.tracerProvider?.getTracer !== 'function') {
+    throw new IdempotencyOptionsError(
+      'tracerProvider',
+      'must be an OpenTelemetry TracerProvider (from @opentelemetry/sdk-trace-base), or left out for the global one.',
+    );
+  }
+  const hooks = options.hooks;
+  if (hooks !== undefined && (hooks === null || typeof hooks !== 'object')) {
+    throw new IdempotencyOptionsError('hooks', 'must be an object of callbacks such as { onHit(event) {} }.');
+  }
+  return {
+    meterProvider: options.meterProvider,
+    tracerProvider: options.tracerProvider,
+    metrics: options.metrics ?? true,
+    traces: options.traces ?? true,
+    hooks,
+  };
+}
+
+function buildHooks(o: Checked): IdempotencyHooks {
+  // The histogram's attributes are the operation and its result only: each attribute costs ~0.3 µs per record()
+  // in the SDK (it hashes them every time), and the store kind and adapter are constant for most engines; the spans
+  // carry them.
+  const storeMetricAttributes = table(STORE_OPERATIONS, (operation) =>
+    table(STORE_RESULTS, (result) =>
+      freeze({ [ATTRIBUTES.storeOperation]: operation, [ATTRIBUTES.storeResult]: result }),
+    ),
+  );
+  const storeSpanAttributes = new Map<string, Attributes>();
+  const storeSpanAttributesOf = (e: StoreOperationEvent): Attributes => {
+    const id = `${e.adapter}\u0000${e.operation}\u0000${e.result}\u0000${e.store}`;
+    let attributes = storeSpanAttributes.get(id);
+    if (attributes === undefined) {
+      attributes = freeze({
+        [ATTRIBUTES.adapter]: e.adapter,
+        [ATTRIBUTES.storeOperation]: e.operation,
+        [ATTRIBUTES.storeResult]: e.result,
+        [ATTRIBUTES.storeKind]: e.store,
+      });
+      storeSpanAttributes.set(id, attributes);
+    }
+    return attributes;
+  };
+
+  // Instruments are found at the first event, so otel() may run before the SDK is started.
+  let instruments: Instruments | undefined;
+  const get = (): Instruments =>
+    (instruments ??= instrumentsOf(
+      (o.meterProvider ?? metrics.getMeterProvider()).getMeter(INSTRUMENTATION_NAME, INSTRUMENTATION_VERSION),
+    ));
+  let tracer: Tracer | undefined;
+  const getTracer = (): Tracer =>
+    (tracer ??= (o.tracerProvider ?? trace.getTracerProvider()).getTracer(
+      INSTRUMENTATION_NAME,
+      INSTRUMENTATION_VERSION,
+    ));
+
+  const count = (adapter: AdapterKind | undefined, outcome: OtelOutcome): void => {
+    const i = get();
+    const kind = adapter ?? 'http';
+    i.seen[kind] = true;
+    i.decisions[kind][outcome]++;
+  };
+
+  const hooks: IdempotencyHooks = {
+    onDecision(event: DecisionEvent) {
+      if (o.metrics) {
+        count(event.adapter, event.outcome);
+        if (event.waitedMs !== undefined) {
+          get().waitDuration.record(event.waitedMs / 1000, DECISION_ATTRIBUTES[event.adapter][event.outcome]);
+        }
+      }
+      if (o.traces) {
+        const span = trace.getActiveSpan();
+        if (span?.isRecording()) {
+          span.setAttribute(ATTRIBUTES.outcome, event.outcome);
+          span.setAttribute(ATTRIBUTES.replayed, event.outcome === 'replayed');
+        }
+      }
+    },
+    onFenced(event) {
+      if (o.metrics) count(event.adapter, 'fenced');
+      if (o.traces) {
+        const span = trace.getActiveSpan();
+        if (span?.isRecording())
+          span.addEvent('oncely.fenced', { [ATTRIBUTES.storeOperation]: event.operation });
+      }
+    },
+    onRelease(event) {
+      if (o.metrics) count(event.adapter, 'released');
+      if (o.traces) {
+        const span = trace.getActiveSpan();
+        if (span?.isRecording()) span.addEvent('oncely.released', { 'oncely.release.reason': event.reason });
+      }
+    },
+    onStoreOperation(event: StoreOperationEvent) {
+      if (o.metrics) {
+        get().storeDuration.record(
+          event.durationMs / 1000,
+          storeMetricAttributes[event.operation][event.result],
+        );
+      }
+      if (o.traces) {
+        // A child of the active span only: no parent that records, no span (and no work beyond this check).
+        const parent = context.active();
+        if (!trace.getSpan(parent)?.isRecording()) return;
+        const end = performance.timeOrigin + performance.now();
+        const span = getTracer().startSpan(
+          `oncely.store ${event.operation}`,
+          {
+            kind: SpanKind.CLIENT,
+            startTime: end - event.durationMs,
+            attributes: storeSpanAttributesOf(event),
+          },
+          parent,
+        );
+        if (event.result === 'error') span.setStatus({ code: SpanStatusCode.ERROR });
+        span.end(end);
+      }
+    },
+  };
+  if (o.metrics) {
+    hooks.onExecutionStart = (event: ExecutionEvent) => {
+      const i = get();
+      i.seen[event.adapter] = true;
+      i.active[event.adapter]++;
+    };
+    hooks.onExecutionEnd = (event: ExecutionEvent) => {
+      get().active[event.adapter]--;
+    };
+  }
+  return hooks;
+}
+
+function table<K extends string, V>(keys: readonly K[], make: (key: K) => V): Record<K, V> {
+  const out = {} as Record<K, V>;
+  for (const key of keys) out[key] = make(key);
+  return out;
+}
+
+function freeze(attributes: Attributes): Attributes {
+  return Object.freeze(attributes);
+}

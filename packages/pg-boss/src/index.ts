@@ -1,0 +1,449 @@
+import { createHash } from 'node:crypto';
+import {
+  type ConsumerOptions,
+  type ConsumerSettledEvent,
+  consumerRuntime,
+  type Duration,
+  durationOption,
+  IdempotencyOptionsError,
+  type IdempotencyStore,
+} from '@oncely/core';
+
+/** What the wrapper reads of a pg-boss job (`PgBoss.Job`, or `JobWithMetadata` with `includeMetadata: true`). */
+export interface PgBossJob<T = unknown> {
+  id: string;
+  /** The queue's name. */
+  name: string;
+  data: T;
+  /**
+   * How long pg-boss lets the job stay active: the longest an in-progress duplicate waits in the worker. (pg-boss 10
+   * reads it as a PostgreSQL `numeric`, which `pg` hands over as a string such as `'30.000000'`.)
+   */
+  expireInSeconds?: number | string;
+  /** With `includeMetadata: true`: earlier attempts, reported as `failures` in `onSettled`. */
+  retryCount?: number;
+  /** With `includeMetadata: true`: the attempts pg-boss allows; the last failed one is reported as `dead-letter`. */
+  retryLimit?: number;
+  /** With `includeMetadata: true`: seconds before a retry, reported as `delayMs` in `onSettled`. */
+  retryDelay?: number;
+  /** With `includeMetadata: true`: whether pg-boss doubles `retryDelay` on each retry. */
+  retryBackoff?: boolean;
+}
+
+/** The pg-boss calls the wrapper makes (a `PgBoss` instance has them). */
+export interface PgBossClient {
+  complete(name: string, id: string, data: object): Promise<unknown>;
+  cancel(name: string, id: string): Promise<unknown>;
+}
+
+/** A store that runs work in one transaction with its record: `PostgresStore` from `@oncely/postgres`. */
+export interface TransactionalStore<Db> {
+  transaction<T>(
+    key: string,
+    options: { fingerprint?: string; ttl?: Duration },
+    work: (db: Db) => Promise<T>,
+  ): Promise<{ outcome: 'executed' | 'replayed'; result: T }>;
+}
+
+/** What `fn` gets besides the job. */
+export interface JobContext {
+  /** The job's idempotency key (`undefined` only with `onMissingKey: 'process'`). */
+  key: string | undefined;
+}
+
+/** What `fn` gets in transactional mode: `db` is the transaction that also commits the key's record. */
+export interface TransactionalJobContext<Db> {
+  key: string;
+  /** The transaction's client (a pg `PoolClient`): write through it, and your writes commit with the record. */
+  db: Db;
+}
+
+/** What the wrapper did with one job, for metrics and logs. */
+export type PgBossSettledEvent<J extends PgBossJob = PgBossJob> = ConsumerSettledEvent<J>;
+
+/**
+ * The shared consumer options (docs/consumers.md) except `maxAttempts` and `retryDelay`: pg-boss retries failed
+ * jobs itself (`retryLimit`, `retryDelay`, `retryBackoff` on the queue or the job).
+ */
+export interface PgBossWorkerOptions<J extends PgBossJob = PgBossJob>
+  extends Omit<ConsumerOptions<J>, 'maxAttempts' | 'retryDelay'> {
+  /** The `PgBoss` instance whose `work()` runs the handler: jobs are completed and cancelled one by one. */
+  boss: PgBossClient;
+  /** The key of a job. Default: `job.data.idempotencyKey` (a string, or a number). */
+  key?: (job: J) => string | undefined;
+  /** `true`: run `fn` in one transaction with the key's record (needs a `PostgresStore`). Default: `false`. */
+  transactional?: false;
+}
+
+/** Transactional mode: `fn(job, { key, db })` writes through `db`; its writes and the record commit together. */
+export interface PgBossTransactionalWorkerOptions<J extends PgBossJob, Db>
+  extends Omit<PgBossWorkerOptions<J>, 'transactional' | 'store' | 'lockTimeout' | 'inProgress'> {
+  transactional: true;
+  /** A `PostgresStore` in the database your writes go to. */
+  store: IdempotencyStore & TransactionalStore<Db>;
+}
+
+/** Thrown (so that pg-boss fails them, and retries them per its `retryLimit`) for jobs that must run again. */
+export class JobsToRetryError extends Error {
+  /** The ids of the jobs left for pg-boss to fail, with why. */
+  readonly jobs: ReadonlyArray<{ id: string; key: string | undefined; reason: string; error?: unknown }>;
+
+  constructor(jobs: JobsToRetryError['jobs']) {
+    const first = jobs[0]?.error;
+    super(
+      jobs.length === 1 && first instanceof Error
+        ? first.message
+        : `oncely: ${jobs.length} job(s) to retry: ${jobs.map((j) => `${j.id} (${j.reason})`).join(', ')}`,
+      first === undefined ? undefined : { cause: first },
+    );
+    this.name = 'JobsToRetryError';
+    this.jobs = jobs;
+  }
+}
+
+const NOT_FOR_PG_BOSS: Record<string, string> = {
+  maxAttempts:
+    'is not used by @oncely/pg-boss: pg-boss retries failed jobs itself. Set retryLimit on the queue (boss.createQueue(name, { retryLimit })) or the job (boss.send(name, data, { retryLimit })).',
+  retryDelay:
+    'is not used by @oncely/pg-boss: pg-boss retries failed jobs itself. Set retryDelay (seconds) and retryBackoff on the queue or the job.',
+};
+const NOT_TRANSACTIONAL: Record<string, string> = {
+  lockTimeout:
+    'has no effect with transactional: true: the open transaction holds the key, and a crashed worker releases it at once (PostgreSQL rolls its transaction back). Remove it.',
+  inProgress:
+    'has no effect with transactional: true: a duplicate of a running transaction waits in the worker (see inProgressDelay). Remove it.',
+};
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * How many times each `PgBoss` instance has stopped (its `stopped` event; one listener per instance, however many
+ * wrappers share it). A job waiting in the worker stops waiting once its boss has stopped: pg-boss has failed it
+ * (`failWip`) and closed its connections, so looking again could only run `fn` after shutdown.
+ */
+const stopsOf = new WeakMap<object, { count: number }>();
+function stopCounter(boss: object): { count: number } {
+  let counter = stopsOf.get(boss);
+  if (counter === undefined) {
+    const stops = { count: 0 };
+    counter = stops;
+    stopsOf.set(boss, stops);
+    const emitter = boss as { on?: (event: string, listener: () => void) => unknown };
+    if (typeof emitter.on === 'function') {
+      emitter.on('stopped', () => {
+        stops.count++;
+      });
+    }
+  }
+  return counter;
+}
+
+/**
+ * Wraps a pg-boss work handler so that each job's `fn` runs at most once per key across every worker sharing the
+ * store, then settles each job of the batch on its own:
+ *
+ * - `fn` finished, or the key was already done (a duplicate) → `boss.complete(name, id, result)`: a duplicate's
+ *   output is the stored result;
+ * - the key is held by a running worker (or the store is unreachable) → the job waits in the worker, looked at
+ *   again every `inProgressDelay`, without counting an attempt, while its `expireInSeconds` allows; after that it
+ *   is left to pg-boss to fail (one attempt counted);
+ * - `fn` threw → pg-boss fails the job, and retries it per its `retryLimit`, `retryDelay`, `retryBackoff`;
+ * - no retry can help (a permanent error, no key, a key reused for other data) → `boss.cancel(name, id)`: not
+ *   retried (pg-boss 10 cannot fail a job before its retries are used up).
+ *
+ * ```ts
+ * await boss.work('ship', idempotentWorker(ship, { boss, store: new PostgresStore({ pool }), transactional: true }));
+ * ```
+ */
+export function idempotentWorker<J extends PgBossJob, Db>(
+  fn: (job: J, context: TransactionalJobContext<Db>) => unknown,
+  options: PgBossTransactionalWorkerOptions<J, Db>,
+): (jobs: J[]) => Promise<void>;
+export function idempotentWorker<J extends PgBossJob>(
+  fn: (job: J, context: JobContext) => unknown,
+  options: PgBossWorkerOptions<J>,
+): (jobs: J[]) => Promise<void>;
+export function idempotentWorker<J extends PgBossJob, Db>(
+  fn: (job: J, context: TransactionalJobContext<Db>) => unknown,
+  options: PgBossWorkerOptions<J> | PgBossTransactionalWorkerOptions<J, Db>,
+): (jobs: J[]) => Promise<void> {
+  if (typeof fn !== 'function') {
+    throw new IdempotencyOptionsError(
+      'handler',
+      `must be a function (job, { key }) => work; got ${typeof fn}.`,
+    );
+  }
+  if (options === null || typeof options !== 'object') {
+    throw new IdempotencyOptionsError(
+      'options',
+      'must be an object with at least { boss }: idempotentWorker(fn, { boss, store }).',
+    );
+  }
+  const {
+    boss,
+    key: keySource,
+    transactional,
+    ...shared
+  } = options as Omit<PgBossWorkerOptions<J>, 'transactional'> & {
+    transactional?: unknown;
+  };
+  for (const [name, fix] of Object.entries(NOT_FOR_PG_BOSS)) {
+    if (name in shared) throw new IdempotencyOptionsError(name, fix);
+  }
+  if (
+    boss === null ||
+    typeof boss !== 'object' ||
+    typeof boss.complete !== 'function' ||
+    typeof boss.cancel !== 'function'
+  ) {
+    throw new IdempotencyOptionsError(
+      'boss',
+      'must be the PgBoss instance whose work() runs this handler: each job of a batch is completed or cancelled on its own.',
+    );
+  }
+  if (transactional !== undefined && typeof transactional !== 'boolean') {
+    throw new IdempotencyOptionsError(
+      'transactional',
+      `must be true or false; got ${JSON.stringify(transactional)}.`,
+    );
+  }
+  const givenKeyOf = resolveKey(keySource);
+  // The runtime reads the key once per decision; fn gets that same key rather than a second call of the key
+  // function (which could give another answer than the key that was protected).
+  const decidedKeys = new WeakMap<object, string | undefined>();
+  const keyOf = (job: J): string | undefined => {
+    const key = givenKeyOf(job);
+    if (job !== null && typeof job === 'object') decidedKeys.set(job, key);
+    return key;
+  };
+  let runInTransaction:
+    | ((
+        job: J,
+        key: string,
+        fingerprint: string | undefined,
+      ) => Promise<{ outcome: 'executed' | 'replayed'; result: unknown }>)
+    | undefined;
+  if (transactional === true) {
+    const store = shared.store as Partial<TransactionalStore<Db>> | undefined;
+    if (store === undefined || typeof store?.transaction !== 'function') {
+      throw new IdempotencyOptionsError(
+        'store',
+        'must be a PostgresStore (from @oncely/postgres) with transactional: true: the job’s writes and its record commit in one PostgreSQL transaction. Pass store: new PostgresStore({ pool }), or drop transactional.',
+      );
+    }
+    for (const [name, fix] of Object.entries(NOT_TRANSACTIONAL)) {
+      if (name in shared) throw new IdempotencyOptionsError(name, fix);
+    }
+    if (shared.onMissingKey === 'process') {
+      throw new IdempotencyOptionsError(
+        'onMissingKey',
+        "cannot be 'process' with transactional: true: a job without a key has no record to commit with its writes. Give every job a key, or leave onMissingKey out (such jobs are cancelled).",
+      );
+    }
+    const transactionalStore = store as TransactionalStore<Db>;
+    const ttl = shared.ttl;
+    runInTransaction = (job, key, fingerprint) =>
+      transactionalStore.transaction(
+        key,
+        { ...(ttl === undefined ? {} : { ttl }), ...(fingerprint === undefined ? {} : { fingerprint }) },
+        // The result is stored as JSON: "nothing" is stored as null rather than refused.
+        async (db) => (await fn(job, { key, db })) ?? null,
+      );
+  }
+  const runtime = consumerRuntime<J>(
+    // Plain mode: fn was given as (job, { key }) => ..., and gets no db.
+    async (job) =>
+      (await fn(job, {
+        key: decidedKeys.has(job) ? decidedKeys.get(job) : givenKeyOf(job),
+      } as TransactionalJobContext<Db>)) ?? null,
+    // pg-boss counts attempts and decides when they are used up; the runtime never dead-letters for exhaustion.
+    { ...shared, maxAttempts: Number.MAX_SAFE_INTEGER },
+    {
+      name: '@oncely/pg-boss',
+      // Read (and removed) above; listed so that the unknown-option error names them.
+      options: ['boss', 'key', 'transactional'],
+      keyOf,
+      fingerprint: dataHash,
+      storeResults: true,
+      ...(runInTransaction === undefined ? {} : { runInTransaction }),
+    },
+  );
+  const { log } = runtime;
+  const stops = stopCounter(boss);
+  // Plain mode, inProgress: { wait }: each look at a held key may itself wait this long in the store (validated by
+  // the runtime above).
+  const inProgress = shared.inProgress;
+  const storeWaitMs =
+    inProgress !== null && typeof inProgress === 'object'
+      ? durationOption('inProgress.wait', inProgress.wait)
+      : 0;
+
+  /**
+   * Calls `boss.complete` or `boss.cancel`, trying again briefly on failure (both only touch a job that is still
+   * active or waiting, so a second call is harmless): a database blip must not turn a job whose work is done into
+   * a failed attempt (on its last attempt: `failed`, and sent to the dead-letter queue, though its effect happened).
+   */
+  const settleCall = async (call: () => Promise<unknown>, expiresAt: number): Promise<void> => {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await call();
+        return;
+      } catch (error) {
+        const pause = SETTLE_RETRY_MS[attempt];
+        if (pause === undefined || Date.now() + pause >= expiresAt) throw error;
+        log.warn({ err: error, attempt: attempt + 1 }, 'oncely: could not settle a job; trying again');
+        await sleep(pause);
+      }
+    }
+  };
+
+  /**
+   * The event of a job handed back to pg-boss (the handler throws for it): pg-boss counts an attempt, and either
+   * retries it after its own retryDelay or, with its retries used up, fails it for good (known with
+   * `includeMetadata: true`).
+   */
+  const handedBack = (
+    job: J,
+    key: string | undefined,
+    failuresBefore: number,
+    reason: 'failed' | 'in-progress' | 'store-error',
+    error: unknown,
+  ): PgBossSettledEvent<J> => {
+    const failures = failuresBefore + 1;
+    const limit = numberOrUndefined(job.retryLimit);
+    const event: PgBossSettledEvent<J> =
+      limit !== undefined && failuresBefore >= limit
+        ? { key, action: 'dead-letter', reason: 'retries-exhausted', failures, message: job }
+        : { key, action: 'retry', reason, failures, message: job };
+    if (event.action === 'retry') {
+      const delayMs = pgBossRetryDelayMs(job, failuresBefore);
+      if (delayMs !== undefined) event.delayMs = delayMs;
+    }
+    if (error !== undefined) event.error = error;
+    return event;
+  };
+
+  /** Decides and settles one job; resolves to why it must be retried, or `undefined` once it is settled. */
+  const handle = async (job: J): Promise<JobsToRetryError['jobs'][number] | undefined> => {
+    const failuresBefore = numberOrUndefined(job.retryCount) ?? 0;
+    const expiresAt = Date.now() + (Number(job.expireInSeconds) || 0) * 1000;
+    const stopsBefore = stops.count;
+    for (;;) {
+      const { key, settlement, result } = await runtime.decide(job, failuresBefore);
+      switch (settlement.action) {
+        case 'ack':
+        case 'dead-letter': {
+          if (settlement.action === 'dead-letter') {
+            log.warn(
+              { key, jobId: job.id, reason: settlement.reason, err: settlement.error },
+              'oncely: job cancelled (no retry can help)',
+            );
+          }
+          try {
+            await settleCall(
+              settlement.action === 'ack'
+                ? () => boss.complete(job.name, job.id, outputOf(result))
+                : () => boss.cancel(job.name, job.id),
+              expiresAt,
+            );
+          } catch (error) {
+            // The database: the job is still active, so pg-boss must fail it (not complete it). A done job's
+            // retry replays the record; a cancelled one's decides the same again.
+            log.error(
+              { err: error, key, jobId: job.id },
+              'oncely: could not settle a job; pg-boss will retry it',
+            );
+            runtime.report(handedBack(job, key, failuresBefore, 'failed', error));
+            return { id: job.id, key, reason: 'settle-failed', error };
+          }
+          runtime.report(runtime.settledEvent(job, key, settlement, failuresBefore));
+          return undefined;
+        }
+        case 'delay':
+          // Waiting here keeps the job active without counting an attempt; it must end (with time for one more
+          // look, and that look's own wait in the store) before pg-boss expires the job.
+          if (Date.now() + 2 * settlement.delayMs + storeWaitMs < expiresAt && stops.count === stopsBefore) {
+            runtime.report(runtime.settledEvent(job, key, settlement, failuresBefore));
+            await sleep(settlement.delayMs);
+            if (stops.count === stopsBefore) continue;
+          }
+          runtime.report(handedBack(job, key, failuresBefore, settlement.reason, undefined));
+          return { id: job.id, key, reason: settlement.reason };
+        case 'retry':
+          runtime.report(handedBack(job, key, failuresBefore, 'failed', settlement.error));
+          return { id: job.id, key, reason: settlement.reason, error: settlement.error };
+      }
+    }
+  };
+
+  return async (jobs: J[]): Promise<void> => {
+    const outcomes = await Promise.all(
+      jobs.map((job) =>
+        handle(job).catch((error: unknown) => {
+          // Not expected (decide never rejects, settle failures are handled): still, never complete such a job.
+          log.error({ err: error, jobId: job.id }, 'oncely: could not settle a job; pg-boss will retry it');
+          return { id: job.id, key: undefined, reason: 'settle-failed', error };
+        }),
+      ),
+    );
+    const toRetry = outcomes.filter((o) => o !== undefined);
+    // Throwing makes pg-boss fail the jobs still active (only these: the others are completed or cancelled already),
+    // through its own retry policy. Resolving would make it complete them.
+    if (toRetry.length > 0) throw new JobsToRetryError(toRetry);
+  };
+}
+
+/** Pauses before trying `boss.complete`/`boss.cancel` again. */
+const SETTLE_RETRY_MS = [100, 400, 1000];
+
+function numberOrUndefined(value: unknown): number | undefined {
+  const n = typeof value === 'string' ? Number(value) : value;
+  return typeof n === 'number' && Number.isFinite(n) ? n : undefined;
+}
+
+/**
+ * pg-boss 10's delay before the retry of a job failed after `failuresBefore` earlier failures (its failJobs SQL):
+ * `retryDelay` seconds, or with `retryBackoff` at least `retryDelay * 2^min(16, n + 1) / 2` (plus as much again at
+ * random). `undefined` without `includeMetadata`.
+ */
+function pgBossRetryDelayMs(job: PgBossJob, failuresBefore: number): number | undefined {
+  const delay = numberOrUndefined(job.retryDelay);
+  if (delay === undefined) return undefined;
+  if (job.retryBackoff !== true) return delay * 1000;
+  return (delay * 2 ** Math.min(16, failuresBefore + 1) * 1000) / 2;
+}
+
+/** pg-boss keeps an object as a job's output: anything else is wrapped as `{ value }`, as pg-boss itself does. */
+function outputOf(result: unknown): object {
+  if (result !== null && typeof result === 'object' && !Array.isArray(result)) return result;
+  return { value: result ?? null };
+}
+
+function dataHash(job: PgBossJob): string {
+  // job.data comes back from jsonb, whose key order is canonical: equal data gives equal text.
+  return createHash('sha256')
+    .update(JSON.stringify(job.data ?? null))
+    .digest('base64url');
+}
+
+function resolveKey<J extends PgBossJob>(source: unknown): (job: J) => string | undefined {
+  if (source === undefined) {
+    return (job) => {
+      const data = job.data as { idempotencyKey?: unknown } | null | undefined;
+      const key = data !== null && typeof data === 'object' ? data.idempotencyKey : undefined;
+      return typeof key === 'string' ? key : typeof key === 'number' ? String(key) : undefined;
+    };
+  }
+  if (typeof source === 'function') {
+    return (job) => {
+      const key: unknown = source(job);
+      if (key === undefined || typeof key === 'string') return key;
+      // Thrown inside the runtime's keyOf: the job is settled as invalid-key, not run with a made-up key.
+      throw new TypeError(`the key function must return a string or undefined; got ${typeof key}`);
+    };
+  }
+  throw new IdempotencyOptionsError(
+    'key',
+    `must be a function (job) => string | undefined; got ${JSON.stringify(source)}. Leave it out to use job.data.idempotencyKey.`,
+  );
+}

@@ -1,0 +1,57 @@
+import type { Socket } from 'node:net';
+import type { RedisConnection, ScriptArgument } from './types';
+
+/** The part of an ioredis `Redis` or `Cluster` (5 or 6) the store uses. */
+interface IoredisLike {
+  duplicate(): IoredisLike;
+  on(event: string, listener: (...args: never[]) => void): unknown;
+  once(event: string, listener: (...args: never[]) => void): unknown;
+  subscribe(channel: string): Promise<unknown>;
+  disconnect(): void;
+  del(key: string): Promise<number>;
+  wait(replicas: number, timeoutMs: number): Promise<number>;
+  nodes?: unknown;
+  status?: string;
+  stream?: Socket;
+  // At runtime, not in ioredis 5's types. callBuffer('evalsha', ...) would be typed, but with `enableAutoPipelining`
+  // ioredis then sends the SHA as the command name (every call fails).
+  evalshaBuffer(sha: string, keys: number, ...args: ScriptArgument[]): Promise<unknown>;
+  evalBuffer(lua: string, keys: number, ...args: ScriptArgument[]): Promise<unknown>;
+}
+
+/** True for an ioredis client: the library's Buffer-reply commands are there. */
+export function isIoredis(client: object): boolean {
+  const c = client as Partial<Record<string, unknown>>;
+  return typeof c.callBuffer === 'function' && typeof c.duplicate === 'function';
+}
+
+export function ioredisConnection(client: object): RedisConnection {
+  const redis = client as IoredisLike;
+  return {
+    library: 'ioredis',
+    evalsha: (sha, key, args) => redis.evalshaBuffer(sha, 1, key, ...args),
+    eval: (lua, key, args) => redis.evalBuffer(lua, 1, key, ...args),
+    cluster: typeof redis.nodes === 'function',
+    wait: (replicas, timeoutMs) => redis.wait(replicas, timeoutMs),
+    del: (key) => redis.del(key),
+    subscribe(channel, onMessage) {
+      const subscriber = redis.duplicate();
+      // Without a listener ioredis would print every reconnection error; waiters already degrade to polling.
+      subscriber.on('error', () => {});
+      subscriber.on('message', (_channel: never, message: never) => onMessage(String(message)));
+      // Subscribed once connected: the duplicate inherits the client's options, and with the recommended
+      // `enableOfflineQueue: false` a SUBSCRIBE sent while it connects would fail.
+      const ready = new Promise<void>((resolve) => subscriber.once('ready', () => resolve())).then(() =>
+        subscriber.subscribe(channel).then(() => undefined),
+      );
+      return { ready, close: () => subscriber.disconnect() };
+    },
+    corkableSocket() {
+      // A Cluster has no single socket (no `stream`); while connecting, ioredis queues commands itself.
+      const stream = redis.stream;
+      if (redis.status !== 'ready' || stream === undefined || typeof stream.cork !== 'function')
+        return undefined;
+      return stream;
+    },
+  };
+}

@@ -1,0 +1,34 @@
+import type { Socket } from 'node:net';
+
+/** A script argument: numbers are sent as their decimal text. */
+export type ScriptArgument = string | number | Buffer;
+
+/**
+ * What the store needs of a Redis client, one implementation per client library (`ioredis.ts`, `node-redis.ts`).
+ * Replies come back in one shape whichever the client: bulk strings as Buffers, integers as numbers, nil as null,
+ * arrays as arrays; `replies.ts` parses them.
+ */
+export interface RedisConnection {
+  /** `ioredis` or `node-redis`, for error messages and docs. */
+  readonly library: 'ioredis' | 'node-redis';
+  /** EVALSHA with one key; rejects with an error whose message starts with `NOSCRIPT` when the script is not loaded. */
+  evalsha(sha: string, key: string, args: readonly ScriptArgument[]): Promise<unknown>;
+  /** EVAL with one key: runs the script and caches it for EVALSHA. */
+  eval(lua: string, key: string, args: readonly ScriptArgument[]): Promise<unknown>;
+  /** A Cluster client: keyless commands (WAIT) would go to any node. */
+  readonly cluster: boolean;
+  /**
+   * WAIT: resolves to how many replicas have acknowledged every write this connection sent before it. Called in the
+   * same event-loop turn as the script call it confirms, so both leave in one write and run in that order.
+   */
+  wait(replicas: number, timeoutMs: number): Promise<number>;
+  /** DEL of one key; resolves to the number deleted. */
+  del(key: string): Promise<number>;
+  /**
+   * A connection of its own, made from the user's client, subscribed to `channel`. `ready` settles once the
+   * subscription is confirmed; `close()` ends that connection (and is safe before `ready` settles).
+   */
+  subscribe(channel: string, onMessage: (message: string) => void): { ready: Promise<void>; close(): void };
+  /** The socket the store may cork to send one event-loop turn's commands in one write, when there is one. */
+  corkableSocket(): Socket | undefined;
+}
