@@ -5,6 +5,7 @@
 // OTEL=on adds `...otel()` from @oncely/opentelemetry, recording to an SDK MeterProvider whose exporter drops
 // everything (no recording span, as with no tracer provider): what OpenTelemetry costs the engine per request.
 import { Idempotency, type IdempotencyOptions, MemoryStore } from '@oncely/core';
+import { otelOptions } from '../src/otel';
 
 const BODY = {
   amount: 1999,
@@ -21,21 +22,7 @@ const HEADERS = {
 };
 const seconds = Number(process.env.SECONDS ?? 2);
 
-async function otelOptions(): Promise<IdempotencyOptions> {
-  if (process.env.OTEL !== 'on') return {};
-  const { otel } = await import('@oncely/opentelemetry');
-  const { MeterProvider, PeriodicExportingMetricReader } = await import('@opentelemetry/sdk-metrics');
-  const exporter = {
-    export: (_metrics: unknown, done: (result: { code: 0 }) => void) => done({ code: 0 }),
-    forceFlush: async () => {},
-    shutdown: async () => {},
-  };
-  const meterProvider = new MeterProvider({
-    readers: [new PeriodicExportingMetricReader({ exporter, exportIntervalMillis: 1000 })],
-  });
-  return otel({ meterProvider });
-}
-const telemetry = await otelOptions();
+const telemetry: IdempotencyOptions = process.env.OTEL === 'on' ? await otelOptions() : {};
 
 async function run(name: string, keyOf: (i: number) => string): Promise<void> {
   const engine = new Idempotency({

@@ -4,6 +4,7 @@
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { readConfig, type ServerConfig, type ServerKind, type Services } from './config';
+import { otelOptions } from './otel';
 import { type ChargeRequest, charge, PATH } from './route';
 import { type OpenStore, openStore } from './stores';
 
@@ -87,24 +88,6 @@ async function startFastify(kind: ServerKind, services: Services): Promise<Serve
   });
   await fastify.listen({ port: 0, host: '127.0.0.1' });
   return fastify.server;
-}
-
-/**
- * `otel()` over an SDK MeterProvider whose exporter drops everything: what OpenTelemetry costs the request path
- * (instruments, attributes, the SDK's aggregation), without an exporter's I/O. The reader collects every second.
- */
-async function otelOptions() {
-  const { otel } = await import('@oncely/opentelemetry');
-  const { MeterProvider, PeriodicExportingMetricReader } = await import('@opentelemetry/sdk-metrics');
-  const exporter = {
-    export: (_metrics: unknown, done: (result: { code: 0 }) => void) => done({ code: 0 }),
-    forceFlush: async () => {},
-    shutdown: async () => {},
-  };
-  const meterProvider = new MeterProvider({
-    readers: [new PeriodicExportingMetricReader({ exporter, exportIntervalMillis: 1000 })],
-  });
-  return otel({ meterProvider });
 }
 
 async function startHono(kind: ServerKind, services: Services): Promise<Server> {

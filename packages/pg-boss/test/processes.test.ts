@@ -1,12 +1,17 @@
 /**
  * @services postgres
  */
-import { type ChildProcess, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { join } from 'node:path';
-import { createInterface, type Interface } from 'node:readline';
+import type { Interface } from 'node:readline';
 import { PostgresStore } from '@oncely/postgres';
-import { type ConsumerProcess, startConsumerProcess, waitUntil } from '@oncely/testing';
+import {
+  type ConsumerProcess,
+  type SourceProcess,
+  spawnSource,
+  startConsumerProcess,
+  waitUntil,
+} from '@oncely/testing';
 import type PgBoss from 'pg-boss';
 import { connectionString, settledJob, testDatabase } from './helpers';
 
@@ -49,25 +54,9 @@ async function startWorker(queue: string, extra: Record<string, string> = {}): P
   return worker;
 }
 
-interface DoomedWorker {
-  child: ChildProcess;
-  lines: Interface;
-  kill(): Promise<void>;
-}
-
 /** A worker whose stdout the test reads, for the line it prints before hanging (run like startConsumerProcess). */
-async function startDoomedWorker(queue: string, extra: Record<string, string>): Promise<DoomedWorker> {
-  const child = spawn(process.execPath, ['--conditions=@oncely/source', '--import', 'tsx', script], {
-    env: { ...process.env, ...envFor(queue), ...extra },
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  const kill = () =>
-    new Promise<void>((resolve) => {
-      if (child.exitCode !== null || child.signalCode !== null) return resolve();
-      child.once('exit', () => resolve());
-      child.kill('SIGKILL');
-    });
-  const worker = { child, lines: createInterface({ input: child.stdout as NodeJS.ReadableStream }), kill };
+async function startDoomedWorker(queue: string, extra: Record<string, string>): Promise<SourceProcess> {
+  const worker = spawnSource(script, { ...envFor(queue), ...extra });
   processes.push(worker);
   await nextLine(worker, 'ready');
   return worker;

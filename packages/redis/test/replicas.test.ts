@@ -136,10 +136,12 @@ describe.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))('RedisStor
   });
 });
 
-test('each confirmation goes out with its script call: one WAIT right after each EVALSHA that wrote', async () => {
-  const client = new Redis(primary.url);
-  const store = new RedisStore({ client, prefix: 'order:', waitForReplicas: { replicas: 1, timeout: 500 } });
-  await store.acquire('warm', { fingerprint: 'f', lockTimeoutMs: 5000 }); // scripts loaded
+/**
+ * The commands clients sent to the primary while `work` ran, in order, as MONITOR sees them (commands a script runs
+ * inside Redis are left out). `client` sends a closing PING: MONITOR delivers in order, so once it shows, so has
+ * the rest.
+ */
+async function commandsDuring(client: Redis, work: () => Promise<void>): Promise<string[]> {
   const base = new Redis(primary.url);
   const monitor = await base.monitor(); // a connection of its own: the base one is closed right away
   base.disconnect();
@@ -147,13 +149,26 @@ test('each confirmation goes out with its script call: one WAIT right after each
   monitor.on('monitor', (_time: string, args: string[], source: string) => {
     if (source !== 'lua') commands.push(String(args[0]).toLowerCase());
   });
-  const acquired = await store.acquire('k', { fingerprint: 'f', lockTimeoutMs: 5000 });
-  if (acquired.status !== 'acquired') throw new Error('expected acquired');
-  await store.complete('k', acquired.token, { status: 200, headers: {}, body: Buffer.from('x') }, 60_000);
-  await client.ping();
-  await waitUntil(() => commands.includes('ping'), 'MONITOR to catch up');
-  monitor.disconnect();
-  expect(commands.filter((c) => c !== 'ping')).toEqual(['evalsha', 'wait', 'evalsha', 'wait']);
+  try {
+    await work();
+    await client.ping();
+    await waitUntil(() => commands.includes('ping'), 'MONITOR to catch up');
+  } finally {
+    monitor.disconnect();
+  }
+  return commands.filter((c) => c !== 'ping');
+}
+
+test('each confirmation goes out with its script call: one WAIT right after each EVALSHA that wrote', async () => {
+  const client = new Redis(primary.url);
+  const store = new RedisStore({ client, prefix: 'order:', waitForReplicas: { replicas: 1, timeout: 500 } });
+  await store.acquire('warm', { fingerprint: 'f', lockTimeoutMs: 5000 }); // scripts loaded
+  const commands = await commandsDuring(client, async () => {
+    const acquired = await store.acquire('k', { fingerprint: 'f', lockTimeoutMs: 5000 });
+    if (acquired.status !== 'acquired') throw new Error('expected acquired');
+    await store.complete('k', acquired.token, { status: 200, headers: {}, body: Buffer.from('x') }, 60_000);
+  });
+  expect(commands).toEqual(['evalsha', 'wait', 'evalsha', 'wait']);
   await store.close();
   client.disconnect();
 });
@@ -162,21 +177,13 @@ test('one WAIT confirms every reservation of an event-loop turn (group confirmat
   const client = new Redis(primary.url);
   const store = new RedisStore({ client, prefix: 'group:', waitForReplicas: { replicas: 1, timeout: 500 } });
   await store.acquire('warm', { fingerprint: 'f', lockTimeoutMs: 5000 }); // scripts loaded
-  const base = new Redis(primary.url);
-  const monitor = await base.monitor(); // a connection of its own: the base one is closed right away
-  base.disconnect();
-  const commands: string[] = [];
-  monitor.on('monitor', (_time: string, args: string[], source: string) => {
-    if (source !== 'lua') commands.push(String(args[0]).toLowerCase());
+  const commands = await commandsDuring(client, async () => {
+    const results = await Promise.all(
+      Array.from({ length: 20 }, (_, i) => store.acquire(`g${i}`, { fingerprint: 'f', lockTimeoutMs: 5000 })),
+    );
+    expect(results.every((r) => r.status === 'acquired')).toBe(true);
   });
-  const results = await Promise.all(
-    Array.from({ length: 20 }, (_, i) => store.acquire(`g${i}`, { fingerprint: 'f', lockTimeoutMs: 5000 })),
-  );
-  expect(results.every((r) => r.status === 'acquired')).toBe(true);
-  await client.ping();
-  await waitUntil(() => commands.includes('ping'), 'MONITOR to catch up');
-  monitor.disconnect();
-  expect(commands.filter((c) => c !== 'ping')).toEqual([...Array(20).fill('evalsha'), 'wait']);
+  expect(commands).toEqual([...Array(20).fill('evalsha'), 'wait']);
   await store.close();
   client.disconnect();
 });

@@ -22,7 +22,14 @@ export {
   type TestAppOptions,
   type TestRequest,
 } from './http-suite';
-export { type AppProcess, fireAtOnce, type SentRequest, startAppProcess } from './processes';
+export {
+  type AppProcess,
+  fireAtOnce,
+  type SentRequest,
+  type SourceProcess,
+  spawnSource,
+  startAppProcess,
+} from './processes';
 export { type PrivateRedisSentinelSet, type SentinelSetOptions, startRedisSentinelSet } from './sentinel';
 export {
   freePort,
