@@ -12,6 +12,7 @@ import Redis from 'ioredis';
 import pg from 'pg';
 import { BENCH_DIR, lastLine, startChild } from './src/child';
 import type { Framework, Services, StoreName } from './src/config';
+import { postgresProcesses, redisProcesses } from './src/cpu';
 import { type DynamoSetup, setupDynamo } from './src/dynamo-setup';
 import {
   buildMatrix,
@@ -260,7 +261,22 @@ async function cleanup(): Promise<void> {
   await dynamo?.stop();
 }
 
-const load: LoadOptions = { duration, warmup, connections, replayKeys };
+// The store servers whose CPU time per request is read beside the server's (when they run on this machine).
+const storeProcesses: LoadOptions['storeProcesses'] = {};
+if (stores.includes('redis') || stores.includes('redis-node') || peers) {
+  const redis = await redisProcesses(redisUrl);
+  if (redis === undefined)
+    notes.push(`Redis CPU per request: the server at ${redisUrl} is not a process here.`);
+  else storeProcesses.redis = redis;
+}
+if (stores.includes('postgres')) {
+  const postgres = await postgresProcesses(pgUrl);
+  if (postgres === undefined)
+    notes.push(`PostgreSQL CPU per request: the server at ${pgUrl} is not a process here.`);
+  else storeProcesses.postgres = postgres;
+}
+
+const load: LoadOptions = { duration, warmup, connections, replayKeys, storeProcesses };
 const results: RunResults = {
   date: new Date().toISOString(),
   command: `pnpm bench ${process.argv.slice(2).join(' ')}`.trim(),
@@ -315,7 +331,8 @@ function gitDescribe(): string | undefined {
 }
 
 function fmt(m: Measurement): string {
-  return `${Math.round(m.rps).toString().padStart(6)} req/s  p50 ${m.p50.toFixed(2)} ms  p99 ${m.p99.toFixed(2)} ms  non-2xx ${m.non2xx}${m.errors > 0 ? `  errors ${m.errors}` : ''}`;
+  const cpu = `  cpu ${m.cpuServerUs === undefined ? '-' : m.cpuServerUs.toFixed(1)} µs${m.cpuStoreUs === undefined ? '' : ` + store ${m.cpuStoreUs.toFixed(1)} µs`}`;
+  return `${Math.round(m.rps).toString().padStart(6)} req/s  p50 ${m.p50.toFixed(2)} ms  p99 ${m.p99.toFixed(2)} ms${cpu}  non-2xx ${m.non2xx}${m.errors > 0 ? `  errors ${m.errors}` : ''}`;
 }
 
 try {

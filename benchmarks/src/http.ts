@@ -3,6 +3,7 @@
 import autocannon from 'autocannon';
 import { type Child, firstLine, startChild } from './child';
 import type { Framework, ServerKind, Services, StoreName } from './config';
+import { cpuSeconds, perRequestUs, type StoreProcesses } from './cpu';
 import { PATH, REQUEST_BODY } from './route';
 
 /**
@@ -164,6 +165,10 @@ export interface Measurement {
   non2xx: number;
   errors: number;
   requests: number;
+  /** CPU µs (user + system) per request of the server process over the measured window; undefined: not read. */
+  cpuServerUs?: number | undefined;
+  /** The same of the store's server (Redis, PostgreSQL), when it runs on this machine. */
+  cpuStoreUs?: number | undefined;
 }
 
 export interface LoadOptions {
@@ -174,6 +179,15 @@ export interface LoadOptions {
   replayKeys: number;
   /** Extra node flags for the server (--cpu-prof ...). */
   nodeFlags?: string[];
+  /** The store servers' processes, whose CPU time is read around the measured window. */
+  storeProcesses?: Partial<Record<'redis' | 'postgres', StoreProcesses>>;
+}
+
+function storeProcessesOf(c: HttpCase, options: LoadOptions): StoreProcesses | undefined {
+  const store = 'store' in c.kind ? c.kind.store : undefined;
+  if (store === 'redis' || store === 'redis-node') return options.storeProcesses?.redis;
+  if (store === 'postgres') return options.storeProcesses?.postgres;
+  return undefined;
 }
 
 const HEADERS = { 'content-type': 'application/json' };
@@ -266,7 +280,15 @@ export async function measureCase(
       nextKey = () => `${keyPrefix}${n++}`;
     }
     if (options.warmup > 0) await load(server.url, options.warmup, options.connections, nextKey);
+    const pid = server.proc.child.pid;
+    const storeProcesses = storeProcessesOf(c, options);
+    const serverBefore = pid === undefined ? undefined : cpuSeconds(pid);
+    const storeBefore = storeProcesses?.read();
     const result = await load(server.url, options.duration, options.connections, nextKey);
+    // autocannon stops counting at the end of its window; the few responses still in flight cost CPU that is
+    // read here too (one per connection, against tens of thousands counted).
+    const serverAfter = pid === undefined ? undefined : cpuSeconds(pid);
+    const storeAfter = storeProcesses?.read();
     if (server.proc.child.exitCode !== null)
       throw new Error(`${c.id}: the server died\n${server.proc.stderr()}`);
     const requests = result.requests.total;
@@ -278,6 +300,8 @@ export async function measureCase(
       non2xx: result.non2xx,
       errors: result.errors + result.timeouts,
       requests,
+      cpuServerUs: perRequestUs(serverBefore, serverAfter, requests),
+      cpuStoreUs: perRequestUs(storeBefore, storeAfter, requests),
     };
   } finally {
     await server.proc.stop();

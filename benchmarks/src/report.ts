@@ -22,6 +22,7 @@ const SCENARIO_LABEL: Record<Scenario, string> = {
 const int = (n: number) => Math.round(n).toLocaleString('en-US');
 const ms = (n: number) => (n < 10 ? n.toFixed(2) : n.toFixed(1));
 const pct = (n: number) => `${(n * 100).toFixed(1)}%`;
+const us = (n: number | undefined) => (n === undefined ? '' : n.toFixed(1));
 
 function table(head: string[], rows: string[][]): string {
   const line = (cells: string[]) => `| ${cells.join(' | ')} |`;
@@ -37,6 +38,8 @@ function httpRows(results: RunResults, cases: CaseResult[], withOncely = false):
       int(r.median.rps),
       ms(r.median.p50),
       ms(r.median.p99),
+      us(r.median.cpuServerUs),
+      us(r.median.cpuStoreUs),
       int(r.median.non2xx + r.median.errors),
       ratio === undefined ? '' : `${ratio.toFixed(2)}×`,
     ];
@@ -55,7 +58,17 @@ function httpRows(results: RunResults, cases: CaseResult[], withOncely = false):
   });
 }
 
-const HTTP_HEAD = ['server', 'scenario', 'requests/s', 'p50 ms', 'p99 ms', 'non-2xx', '× bare'];
+const HTTP_HEAD = [
+  'server',
+  'scenario',
+  'requests/s',
+  'p50 ms',
+  'p99 ms',
+  'server CPU µs/req',
+  'store CPU µs/req',
+  'non-2xx',
+  '× bare',
+];
 
 function profileSection(summary: ProfileSummary, title: string): string {
   const busy = summary.totalMs - summary.idleMs;
@@ -130,6 +143,7 @@ export function renderMarkdown(results: RunResults, svgName: string, notesPath: 
       `- Load: autocannon (programmatic, in the runner process), ${o.connections} connections, no pipelining, ${o.warmup} s of warm-up load (not counted) and then ${o.duration} s measured per case, ${o.rounds} round${o.rounds === 1 ? '' : 's'}; each table shows the **median** of the rounds. Within a round the cases of Express, Fastify and the peers alternate, and every other round runs in reverse order, so drift on the machine spreads over all cases.`,
       `- The route: \`POST /charges\` with a 103-byte JSON body, answered \`201\` with the same ~110 bytes of JSON by every server. Body parsing is on (\`express.json()\`, Fastify's own parser), since the default fingerprint hashes the body.`,
       `- Scenarios: **no middleware** (the bare framework, sent the same requests as *first execution*); **first execution** (a new \`Idempotency-Key\` on every request, set by autocannon's \`setupRequest\`); **replay** (${o.replayKeys} keys, each stored once before the measurement, then requested over and over); **no key** (the covered route, requests without a key). Every scenario builds its requests through the same \`setupRequest\`, so the load generator does the same work in each.`,
+      '- **CPU µs/req**: user + system CPU time of the server process (all its threads), and of the store server (`redis-server`; the PostgreSQL postmaster and all its children) when it runs on this machine, read from `/proc` just before and just after the measured window and divided by the requests answered in it. Requests/s on this shared machine move by ±30% between runs; the CPU a request costs moves much less, so targets read it beside requests/s. The store figure counts every client of that server in the window (the benchmark is its only busy one).',
       `- **× bare** is the case's median requests/s over the median of the bare framework in the same run (Express cases and express-idempotency over bare Express 5, Fastify over bare Fastify, @node-idempotency/nestjs over a bare NestJS app).`,
       '- Stores as a user would set them up: `MemoryStore` defaults; `RedisStore` over one ioredis client; `PostgresStore` over a `pg` Pool of the default size (10). Redis keys get a random prefix per run and PostgreSQL a schema of its own per run, both removed at the end.',
     ].join('\n'),

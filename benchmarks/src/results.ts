@@ -79,7 +79,15 @@ export function medianOf(rounds: Measurement[]): Measurement {
     non2xx: pick((m) => m.non2xx),
     errors: pick((m) => m.errors),
     requests: pick((m) => m.requests),
+    cpuServerUs: pickDefined(rounds.map((m) => m.cpuServerUs)),
+    cpuStoreUs: pickDefined(rounds.map((m) => m.cpuStoreUs)),
   };
+}
+
+/** The median of the rounds that have the reading; undefined when none has. */
+function pickDefined(values: (number | undefined)[]): number | undefined {
+  const defined = values.filter((v): v is number => v !== undefined);
+  return defined.length === 0 ? undefined : median(defined);
 }
 
 export function findCase(results: RunResults, id: string): CaseResult | undefined {
