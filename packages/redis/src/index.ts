@@ -13,7 +13,7 @@ import {
 import { ioredisConnection, isIoredis } from './clients/ioredis';
 import { isNodeRedis, isNodeRedis5OrLater, nodeRedisConnection } from './clients/node-redis';
 import type { RedisConnection, ScriptArgument } from './clients/types';
-import { parseAcquire, parseFlag, parseGet } from './replies';
+import { completedRecord, parseAcquire, parseFlag, parseGet, responseHead } from './replies';
 import { SCRIPTS, type Script } from './scripts';
 
 /**
@@ -89,7 +89,8 @@ export class RedisReplicationError extends Error {
 }
 
 /**
- * A store on Redis (standalone or Cluster, through ioredis or node-redis). Each step is one Lua script call: a
+ * A store on Redis (standalone or Cluster, through ioredis or node-redis). A record is one string (`scripts.ts`
+ * has the layout, and how records of the earlier hash layout are still read). Each step is one Lua script call: a
  * replay costs one round trip, a first execution two (acquire, complete) plus a renewal per third of
  * `lockTimeout` while the handler runs. Scripts are sent by SHA and loaded on first use (or after a restart:
  * NOSCRIPT falls back to EVAL, which caches).
@@ -163,8 +164,8 @@ export class RedisStore implements IdempotencyStore {
 
   async complete(key: string, token: string, response: StoredResponse, ttlMs: number): Promise<boolean> {
     const body = Buffer.from(response.body.buffer, response.body.byteOffset, response.body.byteLength);
-    const headers = JSON.stringify(response.headers);
-    const args = [token, response.status, headers, body, ttlMs, this.#channel];
+    // The body goes as an argument of its own: the script joins it to the record, with no copy made here.
+    const args = [token, responseHead(response), body, ttlMs, this.#channel];
     if (this.#replication === undefined) return parseFlag(await this.#run(SCRIPTS.complete, key, args));
     const { replicas } = this.#replication;
     const [reply, confirmation] = await this.#runConfirmed(SCRIPTS.complete, key, args, this.#replication);
@@ -197,13 +198,7 @@ export class RedisStore implements IdempotencyStore {
   ): Promise<boolean> {
     const { fingerprint, response } = record;
     const body = Buffer.from(response.body.buffer, response.body.byteOffset, response.body.byteLength);
-    const args = [
-      fingerprint,
-      response.status,
-      JSON.stringify(response.headers),
-      body,
-      Math.max(1, Math.floor(ttlMs)),
-    ];
+    const args = [completedRecord(fingerprint, response, body), Math.max(1, Math.floor(ttlMs))];
     return parseFlag(await this.#run(SCRIPTS.putCompleted, key, args));
   }
 

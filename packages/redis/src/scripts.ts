@@ -1,79 +1,110 @@
 import { createHash } from 'node:crypto';
 
 /**
- * The store's Lua scripts. One Redis hash per record (one key, so a Cluster never sees a cross-slot call):
- *   s  state: 'p' (in progress) or 'c' (completed)      f  fingerprint
- *   t  fencing token                                      l  lease end, ms on Redis's clock
- *   c  status code    h  headers (JSON)    b  body (raw bytes)
- *   w  set when a waiter listens: completion and release then PUBLISH the key on the channel (ARGV, last)
- * Every time comes from Redis (`TIME`, `PEXPIRE`), never from the application, so clock skew between app
- * servers cannot stretch or cut a lease. The key's own expiry is the lease (in progress) or the TTL (completed),
- * so a crashed owner's record disappears by itself. Each script is one call; each parses nothing but its own
- * fields. Replies are parsed in one place, `replies.ts`.
+ * The store's Lua scripts. One Redis string per record (one key, so a Cluster never sees a cross-slot call), in the
+ * layout of 2026-11-24 ("v2"):
+ *   in progress  'p' | token (36 bytes, a UUID) | fingerprint          ('w' instead of 'p': a waiter listens, so
+ *                                                                       completion and release PUBLISH the key)
+ *   completed    'c' | fingerprint length ':' fingerprint | status ':' headers length ':' headers (JSON) | body
+ * The key's own expiry is the lease (in progress) or the TTL (completed): a crashed owner's record disappears by
+ * itself, no clock is read (no `TIME`: clock skew between app servers cannot stretch or cut a lease), and a record
+ * is one `GET` and one `SET ... PX`. Against the hash layout before it (state, fingerprint, token, lease end,
+ * status, headers and body as fields, with `TIME`, `HMGET`, `HSET`, `HDEL` and `PEXPIRE` per call) this halves
+ * Redis's CPU per request (docs/benchmarks.md).
+ *
+ * Rolling deploys: records of the hash layout stay readable until they expire. `GET` on a hash fails (WRONGTYPE),
+ * so every script reads with `redis.pcall` and takes the hash path only then (`LEGACY_*` below): it answers from
+ * the hash as the earlier version did, in the replies of this layout, and writes only this layout. The earlier
+ * version cannot read this layout: its scripts fail on these keys (a store error: 503, nothing runs twice).
+ * Replies are parsed in one place, `replies.ts`.
  */
 
-const NOW = `local t = redis.call('TIME')
+// A record of the hash layout (before 2026-11-24): s state 'p'/'c', f fingerprint, t token, l lease end (ms, Redis
+// clock), c status, h headers JSON, b body, w set when a waiter listens.
+const LEGACY_NOW = `local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
 
-// The caller owns the record: in progress, its token, lease not over.
-const OWNED = `local r = redis.call('HMGET', KEYS[1], 's', 't', 'l', 'w')
-if r[1] ~= 'p' or r[2] ~= ARGV[1] or tonumber(r[3]) <= now then return 0 end`;
+// A new caller owns only records of this layout (it made them): a hash, a missing key, or another token is not its.
+const OWNED = `local v = redis.pcall('GET', KEYS[1])
+if type(v) ~= 'string' then return 0 end
+local s = string.byte(v, 1)
+if (s ~= 112 and s ~= 119) or string.sub(v, 2, 37) ~= ARGV[1] then return 0 end`;
 
-/** KEYS: record. ARGV: fingerprint, lockTimeoutMs, new token. */
-export const ACQUIRE = `${NOW}
-local r = redis.call('HMGET', KEYS[1], 's', 'f', 'l', 'c', 'h', 'b')
-if r[1] == 'c' then return {'c', r[2], r[4], r[5], r[6]} end
-if r[1] == 'p' and tonumber(r[3]) > now then return {'p', r[2], tonumber(r[3]) - now} end
-if r[1] then redis.call('DEL', KEYS[1]) end
-redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[1], 't', ARGV[3], 'l', now + tonumber(ARGV[2]))
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {'a'}`;
+/**
+ * KEYS: record. ARGV: fingerprint, lockTimeoutMs, new token (36 bytes). Replies 1 (acquired), the completed record
+ * (a string), or { the in-progress record, its remaining lease in ms }.
+ */
+export const ACQUIRE = `local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' then
+  if string.byte(v, 1) == 99 then return v end
+  return {v, redis.call('PTTL', KEYS[1])}
+elseif v then
+  ${LEGACY_NOW}
+  local r = redis.call('HMGET', KEYS[1], 's', 'f', 'l', 'c', 'h', 'b', 't')
+  if r[1] == 'c' then return 'c' .. #r[2] .. ':' .. r[2] .. r[4] .. ':' .. #r[5] .. ':' .. r[5] .. r[6] end
+  if r[1] == 'p' and tonumber(r[3]) > now then return {'p' .. r[7] .. r[2], tonumber(r[3]) - now} end
+end
+redis.call('SET', KEYS[1], 'p' .. ARGV[3] .. ARGV[1], 'PX', ARGV[2])
+return 1`;
 
-/** KEYS: record. ARGV: token, status, headers JSON, body, ttlMs, channel. */
-export const COMPLETE = `${NOW}
-${OWNED}
-redis.call('HSET', KEYS[1], 's', 'c', 'c', ARGV[2], 'h', ARGV[3], 'b', ARGV[4])
-redis.call('HDEL', KEYS[1], 'l', 'w')
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-if r[4] then redis.call('PUBLISH', ARGV[6], KEYS[1]) end
+/** KEYS: record. ARGV: token, status ':' headers length ':' headers, body, ttlMs, channel. */
+export const COMPLETE = `${OWNED}
+local f = string.sub(v, 38)
+redis.call('SET', KEYS[1], 'c' .. #f .. ':' .. f .. ARGV[2] .. ARGV[3], 'PX', ARGV[4])
+if s == 119 then redis.call('PUBLISH', ARGV[5], KEYS[1]) end
 return 1`;
 
 /** KEYS: record. ARGV: token, channel. */
-export const RELEASE = `${NOW}
-${OWNED}
+export const RELEASE = `${OWNED}
 redis.call('DEL', KEYS[1])
-if r[4] then redis.call('PUBLISH', ARGV[2], KEYS[1]) end
+if s == 119 then redis.call('PUBLISH', ARGV[2], KEYS[1]) end
 return 1`;
 
 /** KEYS: record. ARGV: token, lockTimeoutMs. */
-export const RENEW = `${NOW}
-${OWNED}
-redis.call('HSET', KEYS[1], 'l', now + tonumber(ARGV[2]))
+export const RENEW = `${OWNED}
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1`;
 
 /** KEYS: record. Marks a live lease as watched; replies 1 if it is, 0 if the key is not held now. */
-export const WATCH = `${NOW}
-local r = redis.call('HMGET', KEYS[1], 's', 'l')
-if r[1] ~= 'p' or tonumber(r[2]) <= now then return 0 end
-redis.call('HSET', KEYS[1], 'w', '1')
-return 1`;
-
-/** KEYS: record. Replies { state, fingerprint, token, lease end, status, headers, body, expiresAt } or nil. */
-export const GET = `${NOW}
-local r = redis.call('HMGET', KEYS[1], 's', 'f', 't', 'l', 'c', 'h', 'b')
-if not r[1] then return nil end
-local ttl = redis.call('PTTL', KEYS[1])
-return {r[1], r[2], r[3], r[4] or '0', r[5] or '', r[6] or '', r[7] or '', now + ttl}`;
+export const WATCH = `local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' then
+  local s = string.byte(v, 1)
+  if s == 112 then redis.call('SETRANGE', KEYS[1], 0, 'w') return 1 end
+  if s == 119 then return 1 end
+  return 0
+elseif v then
+  ${LEGACY_NOW}
+  local r = redis.call('HMGET', KEYS[1], 's', 'l')
+  if r[1] ~= 'p' or tonumber(r[2]) <= now then return 0 end
+  redis.call('HSET', KEYS[1], 'w', '1')
+  return 1
+end
+return 0`;
 
 /**
- * KEYS: record. ARGV: fingerprint, status, headers JSON, body, ttlMs. Writes a completed record copied from
- * another store (the PostgreSQL outbox relay) unless a completed one is already there; replies 1 if it wrote.
+ * KEYS: record. Replies nil, or { the record (a string), its expiry (ms, Redis clock) }, or for a hash-layout record
+ * { state, fingerprint, token, lease end, status, headers, body, expiry }.
  */
-export const PUT_COMPLETED = `if redis.call('HGET', KEYS[1], 's') == 'c' then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 's', 'c', 'f', ARGV[1], 't', 'copy', 'c', ARGV[2], 'h', ARGV[3], 'b', ARGV[4])
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
+export const GET = `${LEGACY_NOW}
+local v = redis.pcall('GET', KEYS[1])
+if not v then return nil end
+local expires = now + redis.call('PTTL', KEYS[1])
+if type(v) == 'string' then return {v, expires} end
+local r = redis.call('HMGET', KEYS[1], 's', 'f', 't', 'l', 'c', 'h', 'b')
+return {r[1], r[2], r[3], r[4] or '0', r[5] or '', r[6] or '', r[7] or '', expires}`;
+
+/**
+ * KEYS: record. ARGV: the completed record (this layout, built by the caller), ttlMs. Writes a completed record
+ * copied from another store (the PostgreSQL outbox relay) unless a completed one is already there; replies 1 if it
+ * wrote.
+ */
+export const PUT_COMPLETED = `local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' then
+  if string.byte(v, 1) == 99 then return 0 end
+elseif v and redis.call('HGET', KEYS[1], 's') == 'c' then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1`;
 
 export interface Script {

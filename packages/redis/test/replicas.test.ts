@@ -81,7 +81,7 @@ describe.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))('RedisStor
     expect((await post(`${tag}-ok`)).headers['idempotent-replayed']).toBe('true');
     expect(runs.get(`${tag}-ok`)).toBe(1);
     await waitUntil(
-      async () => (await replica.cli('hget', `${tag}:${tag}-ok`, 's')) === 'c',
+      async () => (await replica.cli('getrange', `${tag}:${tag}-ok`, '0', '0')) === 'c',
       'the completed record on the replica',
     );
     expect(storeErrors).toEqual([]);
