@@ -48,8 +48,8 @@ export interface RedisStoreOptions {
    * connection and `setImmediate` uncorks it, as node-redis does. Each write to a loopback or LAN socket is a
    * system call that wakes Redis; under load, many requests' commands then share one (docs/stores/redis.md has
    * the measurements). It holds the client's other commands of that turn too, by well under a millisecond.
-   * Standalone ioredis clients only: a `Cluster` has a connection per node, and node-redis does this by itself.
-   * Default: `true`.
+   * ioredis clients: a `Cluster`'s connections are corked all together (each node gets one write per turn);
+   * node-redis does this by itself. Default: `true`.
    */
   coalesceWrites?: boolean;
   /**
@@ -106,12 +106,12 @@ export class RedisStore implements IdempotencyStore {
   readonly #coalesce: boolean;
   readonly #replication: { replicas: number; timeoutMs: number } | undefined;
   #pendingConfirmation: Promise<number> | undefined;
-  /** The connection corked in this event-loop turn, until `setImmediate` uncorks it. */
-  #corked: Socket | undefined;
+  /** The connections corked in this event-loop turn (one, or a Cluster's), until `setImmediate` uncorks them. */
+  #corked: readonly Socket[] | undefined;
   readonly #uncork = (): void => {
-    const stream = this.#corked;
+    const streams = this.#corked;
     this.#corked = undefined;
-    stream?.uncork();
+    if (streams !== undefined) for (const stream of streams) stream.uncork();
   };
 
   constructor(options: RedisStoreOptions) {
@@ -332,10 +332,10 @@ export class RedisStore implements IdempotencyStore {
   }
 
   #cork(): void {
-    const stream = this.#connection.corkableSocket();
-    if (stream === undefined) return;
-    this.#corked = stream;
-    stream.cork();
+    const streams = this.#connection.corkableSockets();
+    if (streams.length === 0) return;
+    this.#corked = streams;
+    for (const stream of streams) stream.cork();
     setImmediate(this.#uncork);
   }
 

@@ -3,6 +3,7 @@
  */
 import { type PrivateRedisCluster, startRedisCluster, storeContractSuite } from '@oncely/testing';
 import { Cluster } from 'ioredis';
+import { Cluster as Cluster6 } from 'ioredis-6';
 import { RedisStore } from '../src';
 import { CLIENT_KINDS, type ConnectedClient } from './clients';
 
@@ -44,4 +45,50 @@ test('records spread over all three masters (so the suites above really crossed 
   } finally {
     await client.quit();
   }
+});
+
+describe.each([
+  ['ioredis 5', Cluster],
+  ['ioredis 6', Cluster6],
+] as const)('coalesceWrites on a Cluster through %s', (_name, ClusterClass) => {
+  /** Socket writes (system calls) to all nodes for 30 acquires issued in one event-loop turn, over all 3 masters. */
+  async function writesFor(coalesceWrites: boolean): Promise<{ writes: number; nodesWritten: number }> {
+    const client = new ClusterClass(cluster.nodes, { redisOptions: { maxRetriesPerRequest: 1 } });
+    const prefix = `coalesce-${coalesceWrites}-${Math.random().toString(36).slice(2)}:`;
+    const store = new RedisStore({ client, prefix, coalesceWrites });
+    const lock = { fingerprint: 'f', lockTimeoutMs: 30_000 };
+    try {
+      // Connect every node and load the script on each (NOSCRIPT retries would add writes).
+      for (let i = 0; i < 30; i++) await store.acquire(`warm-${i}`, lock);
+      type Writable = { _write: (...a: unknown[]) => void; _writev?: (...a: unknown[]) => void };
+      let writes = 0;
+      const written = new Set<unknown>();
+      for (const node of client.nodes('all')) {
+        const socket = (node as unknown as { stream: Writable }).stream;
+        for (const method of ['_write', '_writev'] as const) {
+          const original = socket[method]?.bind(socket);
+          if (original === undefined) continue;
+          socket[method] = (...a: unknown[]) => {
+            writes++;
+            written.add(socket);
+            original(...a);
+          };
+        }
+      }
+      const results = await Promise.all(Array.from({ length: 30 }, (_, i) => store.acquire(`k-${i}`, lock)));
+      expect(results.every((r) => r.status === 'acquired')).toBe(true);
+      return { writes, nodesWritten: written.size };
+    } finally {
+      await store.close();
+      await client.quit();
+    }
+  }
+
+  test("one turn's commands leave in one write per node", async () => {
+    expect(await writesFor(true)).toEqual({ writes: 3, nodesWritten: 3 });
+  });
+
+  test('coalesceWrites: false writes each command on its own', async () => {
+    expect(await writesFor(false)).toEqual({ writes: 30, nodesWritten: 3 });
+  });
 });

@@ -10,13 +10,20 @@ interface IoredisLike {
   disconnect(): void;
   del(key: string): Promise<number>;
   wait(replicas: number, timeoutMs: number): Promise<number>;
-  nodes?: unknown;
+  /** A Cluster's: one client per node. */
+  nodes?: (role: 'all') => { stream?: Socket; status?: string }[];
   status?: string;
   stream?: Socket;
   // At runtime, not in ioredis 5's types. callBuffer('evalsha', ...) would be typed, but with `enableAutoPipelining`
   // ioredis then sends the SHA as the command name (every call fails).
   evalshaBuffer(sha: string, keys: number, ...args: ScriptArgument[]): Promise<unknown>;
   evalBuffer(lua: string, keys: number, ...args: ScriptArgument[]): Promise<unknown>;
+}
+
+const NONE: readonly Socket[] = [];
+
+function corkable(stream: Socket | undefined): stream is Socket {
+  return stream !== undefined && typeof stream.cork === 'function' && !stream.destroyed;
 }
 
 /** True for an ioredis client: the library's Buffer-reply commands are there. */
@@ -46,12 +53,15 @@ export function ioredisConnection(client: object): RedisConnection {
       );
       return { ready, close: () => subscriber.disconnect() };
     },
-    corkableSocket() {
-      // A Cluster has no single socket (no `stream`); while connecting, ioredis queues commands itself.
-      const stream = redis.stream;
-      if (redis.status !== 'ready' || stream === undefined || typeof stream.cork !== 'function')
-        return undefined;
-      return stream;
+    corkableSockets() {
+      // While connecting, ioredis queues commands itself: nothing to cork.
+      if (redis.status !== 'ready') return NONE;
+      if (typeof redis.nodes !== 'function') return corkable(redis.stream) ? [redis.stream] : NONE;
+      // A Cluster: a connection per node, and a turn's commands go to several. Corking every connected node's
+      // (a no-op on those the turn does not write to) gives each node one write per turn, as a single node gets.
+      const streams: Socket[] = [];
+      for (const node of redis.nodes('all')) if (corkable(node.stream)) streams.push(node.stream);
+      return streams;
     },
   };
 }

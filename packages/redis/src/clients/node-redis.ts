@@ -1,3 +1,4 @@
+import type { Socket } from 'node:net';
 import type { RedisConnection, ScriptArgument } from './types';
 
 type CommandArguments = (string | Buffer)[];
@@ -48,6 +49,8 @@ export function isNodeRedis5OrLater(client: object): boolean {
 }
 
 const text = (value: ScriptArgument): string | Buffer => (typeof value === 'number' ? String(value) : value);
+
+const NONE: readonly Socket[] = [];
 
 export function nodeRedisConnection(client: object): RedisConnection {
   // A cluster routes by key: sendCommand(firstKey, isReadonly, args); a client takes the args alone.
@@ -103,6 +106,6 @@ export function nodeRedisConnection(client: object): RedisConnection {
       return { ready, close };
     },
     // node-redis writes the commands of one event-loop turn together by itself.
-    corkableSocket: () => undefined,
+    corkableSockets: () => NONE,
   };
 }

@@ -29,6 +29,9 @@ export interface RedisConnection {
    * subscription is confirmed; `close()` ends that connection (and is safe before `ready` settles).
    */
   subscribe(channel: string, onMessage: (message: string) => void): { ready: Promise<void>; close(): void };
-  /** The socket the store may cork to send one event-loop turn's commands in one write, when there is one. */
-  corkableSocket(): Socket | undefined;
+  /**
+   * The sockets the store may cork to send one event-loop turn's commands in one write per connection: the client's
+   * one, every node's of a Cluster, or none (not connected, or the client batches by itself).
+   */
+  corkableSockets(): readonly Socket[];
 }
