@@ -27,7 +27,9 @@ export {
   consumerRuntime,
   resolveConsumerRetryPolicy,
   settlementFor,
+  type TransactionObservation,
 } from './consumer/runtime';
+export { runStoreTransaction, type StoreTransactionOptions } from './consumer/transaction';
 export {
   type CapturedResponse,
   Execution,

@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import {
+  type ConsumerBroker,
   type ConsumerOptions,
   type ConsumerSettledEvent,
   consumerRuntime,
@@ -7,6 +8,9 @@ import {
   durationOption,
   IdempotencyOptionsError,
   type IdempotencyStore,
+  parseDuration,
+  runStoreTransaction,
+  type TransactionalIdempotencyStore,
 } from '@oncely/core';
 
 /** What the wrapper reads of a pg-boss job (`PgBoss.Job`, or `JobWithMetadata` with `includeMetadata: true`). */
@@ -216,13 +220,7 @@ export function idempotentWorker<J extends PgBossJob, Db>(
     if (job !== null && typeof job === 'object') decidedKeys.set(job, key);
     return key;
   };
-  let runInTransaction:
-    | ((
-        job: J,
-        key: string,
-        fingerprint: string | undefined,
-      ) => Promise<{ outcome: 'executed' | 'replayed'; result: unknown }>)
-    | undefined;
+  let runInTransaction: ConsumerBroker<J>['runInTransaction'];
   if (transactional === true) {
     const store = shared.store as Partial<TransactionalStore<Db>> | undefined;
     if (store === undefined || typeof store?.transaction !== 'function') {
@@ -240,15 +238,32 @@ export function idempotentWorker<J extends PgBossJob, Db>(
         "cannot be 'process' with transactional: true: a job without a key has no record to commit with its writes. Give every job a key, or leave onMissingKey out (such jobs are cancelled).",
       );
     }
-    const transactionalStore = store as TransactionalStore<Db>;
-    const ttl = shared.ttl;
-    runInTransaction = (job, key, fingerprint) =>
-      transactionalStore.transaction(
-        key,
-        { ...(ttl === undefined ? {} : { ttl }), ...(fingerprint === undefined ? {} : { fingerprint }) },
-        // The result is stored as JSON: "nothing" is stored as null rather than refused.
-        async (db) => (await fn(job, { key, db })) ?? null,
-      );
+    const transactionalStore = store as TransactionalStore<Db> & Partial<TransactionalIdempotencyStore>;
+    // Read at the first job: the runtime below checks `ttl` first, with the error that names it.
+    let ttlMs: number | undefined;
+    const recordTtlMs = (): number => {
+      ttlMs ??= parseDuration(shared.ttl ?? '24h');
+      return ttlMs;
+    };
+    // The result is stored as JSON: "nothing" is stored as null rather than refused.
+    const work = (job: J, key: string) => async (db: Db) => (await fn(job, { key, db })) ?? null;
+    runInTransaction = (job, key, fingerprint, observe) =>
+      typeof transactionalStore.acquireInTransaction === 'function'
+        ? // PostgresStore: the transaction on the store as the runtime observes it (timings, executions in flight).
+          runStoreTransaction(
+            observe.store(transactionalStore as TransactionalIdempotencyStore),
+            key,
+            { fingerprint, ttlMs: recordTtlMs() },
+            (db: Db) => observe.execute(key, () => work(job, key)(db)),
+          )
+        : transactionalStore.transaction(
+            key,
+            {
+              ...(shared.ttl === undefined ? {} : { ttl: shared.ttl }),
+              ...(fingerprint === undefined ? {} : { fingerprint }),
+            },
+            work(job, key),
+          );
   }
   const runtime = consumerRuntime<J>(
     // Plain mode: fn was given as (job, { key }) => ..., and gets no db.

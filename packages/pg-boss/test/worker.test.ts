@@ -427,6 +427,55 @@ describe('transactional mode', () => {
     await boss.offWork(name);
   });
 
+  test('hooks see the transactional path as the plain one: acquire, commit (complete) and rollback (release) timed, the work in flight', async () => {
+    const name = await queue({ retryLimit: 1, retryDelay: 0 });
+    const operations: string[] = [];
+    const inFlight: number[] = [];
+    let active = 0;
+    let attempts = 0;
+    await boss.work<Data>(
+      name,
+      work,
+      idempotentWorker(
+        async (job: Job, { key, db: client }) => {
+          attempts++;
+          inFlight.push(active);
+          await client.query(`INSERT INTO "${db.schema}".shipments (key, n) VALUES ($1, $2)`, [
+            key,
+            job.data.n,
+          ]);
+          if (attempts === 1) throw new Error('failed after writing');
+          return { attempt: attempts };
+        },
+        {
+          boss,
+          store,
+          transactional: true,
+          hooks: {
+            onStoreOperation: (event) => {
+              expect(event.durationMs).toBeGreaterThanOrEqual(0);
+              expect(event.adapter).toBe('consumer');
+              operations.push(`${event.operation}:${event.result}`);
+            },
+            onExecutionStart: () => void active++,
+            onExecutionEnd: () => void active--,
+          },
+        },
+      ),
+    );
+    const first = await settledJob(boss, name, await send(name, { idempotencyKey: 'tx-hooks', n: 1 }));
+    const duplicate = await settledJob(boss, name, await send(name, { idempotencyKey: 'tx-hooks', n: 1 }));
+    expect([first.state, duplicate.state]).toEqual(['completed', 'completed']);
+    expect(attempts).toBe(2);
+    // The work ran inside an execution both times, and none is left in flight.
+    expect(inFlight).toEqual([1, 1]);
+    expect(active).toBe(0);
+    // Attempt 1: acquire, rollback; attempt 2: acquire, commit; the duplicate: acquire (a replay).
+    expect(operations).toEqual(['acquire:ok', 'release:ok', 'acquire:ok', 'complete:ok', 'acquire:ok']);
+    expect(await rows('tx-hooks')).toBe(1);
+    await boss.offWork(name);
+  });
+
   test('a duplicate of a running transaction waits, then completes as a replay; one row', async () => {
     const name = await queue({ retryLimit: 0 });
     let release = () => {};

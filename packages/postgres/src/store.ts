@@ -4,11 +4,10 @@ import {
   type AcquireResult,
   type CompletedResult,
   type Duration,
-  IdempotencyInProgressError,
-  IdempotencyMismatchError,
   type IdempotencyRecord,
   type InProgressResult,
   parseDuration,
+  runStoreTransaction,
   type StoredResponse,
   type StoreTransaction,
   type TransactionAcquiredResult,
@@ -286,44 +285,8 @@ export class PostgresStore implements TransactionalIdempotencyStore {
     options: { fingerprint?: string; ttl?: Duration },
     work: (client: PoolClient) => Promise<T>,
   ): Promise<{ outcome: 'executed' | 'replayed'; result: T }> {
-    const fingerprint = options.fingerprint ?? '';
     const ttlMs = parseDuration(options.ttl ?? '24h');
-    const acquired = await this.acquireInTransaction(key, { fingerprint, lockTimeoutMs: 30_000 });
-    if (acquired.status === 'in_progress') throw new IdempotencyInProgressError(key, acquired.retryAfterMs);
-    if (acquired.status === 'completed') {
-      if (options.fingerprint !== undefined && acquired.fingerprint !== fingerprint)
-        throw new IdempotencyMismatchError(key);
-      return {
-        outcome: 'replayed',
-        result: JSON.parse(Buffer.from(acquired.response.body).toString('utf8')) as T,
-      };
-    }
-    const { transaction } = acquired;
-    let result: T;
-    let body: Buffer;
-    try {
-      result = await work(transaction.db as PoolClient);
-      const json = JSON.stringify(result);
-      if (json === undefined)
-        throw new TypeError(
-          `oncely/postgres: the result of the work for key ${JSON.stringify(key)} is not JSON-serialisable (got ${typeof result}); nothing was committed.`,
-        );
-      body = Buffer.from(json);
-    } catch (error) {
-      await transaction.rollback();
-      throw error;
-    }
-    if (
-      !(await transaction.commit(
-        { status: 200, headers: { 'content-type': 'application/json' }, body },
-        ttlMs,
-      ))
-    ) {
-      throw new Error(
-        `oncely/postgres: the record for key ${JSON.stringify(key)} could not be completed; nothing was committed.`,
-      );
-    }
-    return { outcome: 'executed', result };
+    return runStoreTransaction<T, PoolClient>(this, key, { fingerprint: options.fingerprint, ttlMs }, work);
   }
 
   /**

@@ -2,8 +2,14 @@ import { checkLogger, durationOption, functionOption, integerOption } from '../s
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
 import { type Logger, silentLogger } from '../shared/logger';
-import { type DecisionOutcome, hooksOf, type ObservableOptions } from '../shared/observe';
-import type { IdempotencyStore } from '../stores/store';
+import {
+  type DecisionOutcome,
+  type ExecutionEvent,
+  hooksOf,
+  type ObservableOptions,
+  observedStore,
+} from '../shared/observe';
+import type { IdempotencyStore, TransactionalIdempotencyStore } from '../stores/store';
 import {
   IdempotencyInProgressError,
   IdempotencyKeyError,
@@ -216,7 +222,20 @@ export interface ConsumerBroker<M> {
     msg: M,
     key: string,
     fingerprint: string | undefined,
+    observe: TransactionObservation,
   ) => Promise<{ outcome: 'executed' | 'replayed'; result: unknown }>;
+}
+
+/**
+ * What the runtime hands `runInTransaction` so that the transactional path is observed like the plain one: run the
+ * transaction on `store(yours)` (`runStoreTransaction(observe.store(store), ...)`) and the work inside
+ * `execute(key, work)`, and `onStoreOperation`, `onExecutionStart`/`End` (hence `otel()`) see it all.
+ */
+export interface TransactionObservation {
+  /** The store as the runtime observes it: timed when an `onStoreOperation` hook is set, else the store itself. */
+  store(store: TransactionalIdempotencyStore): TransactionalIdempotencyStore;
+  /** Runs the work, reported as an execution in flight under `key` while it runs. */
+  execute<T>(key: string, work: () => Promise<T>): Promise<T>;
 }
 
 /** One delivery's decision. */
@@ -321,6 +340,41 @@ export function consumerRuntime<M>(
     }
   };
   const rejected = (): void => decided('rejected');
+  const executionHook = (name: 'onExecutionStart' | 'onExecutionEnd', event: ExecutionEvent): void => {
+    try {
+      hooks?.[name]?.(event);
+    } catch (error) {
+      log.error({ err: error, hook: name }, 'oncely: a hook threw; ignored');
+    }
+  };
+  // The transactional path's store timings and executions in flight, as idempotent() reports the plain path's.
+  let observed: { given: TransactionalIdempotencyStore; wrapped: TransactionalIdempotencyStore } | undefined;
+  const observation: TransactionObservation = {
+    store(store) {
+      if (hooks?.onStoreOperation === undefined) return store;
+      if (observed?.given !== store) {
+        const onStoreOperation = hooks.onStoreOperation;
+        const wrapped = observedStore(store, 'consumer', hooks, (event) => {
+          try {
+            onStoreOperation(event);
+          } catch (error) {
+            log.error({ err: error, hook: 'onStoreOperation' }, 'oncely: a hook threw; ignored');
+          }
+        });
+        observed = { given: store, wrapped };
+      }
+      return observed.wrapped;
+    },
+    async execute(key, work) {
+      if (hooks?.onExecutionStart === undefined && hooks?.onExecutionEnd === undefined) return work();
+      executionHook('onExecutionStart', { adapter: 'consumer', key });
+      try {
+        return await work();
+      } finally {
+        executionHook('onExecutionEnd', { adapter: 'consumer', key });
+      }
+    },
+  };
 
   // Unless the broker asks for results, the work's own result is not a consumer's business: `null` is what gets
   // stored, so any handler fits.
@@ -373,7 +427,7 @@ export function consumerRuntime<M>(
       }
     }
     try {
-      const done = await transaction(msg, key, messageFingerprint as string | undefined);
+      const done = await transaction(msg, key, messageFingerprint as string | undefined, observation);
       decided(done.outcome, key);
       return done;
     } catch (error) {
