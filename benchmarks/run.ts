@@ -389,7 +389,9 @@ try {
         const subject =
           c.kind.impl === 'oncely'
             ? `oncely on ${FRAMEWORK_LABEL[c.kind.framework]}${c.kind.store === 'redis-node' ? ' (node-redis)' : ''}`
-            : c.subject.replace(/ \+ Redis$/, '');
+            : c.kind.impl === 'floor'
+              ? `floor (by hand) on ${FRAMEWORK_LABEL[c.kind.framework]}`
+              : c.subject.replace(/ \+ Redis$/, '');
         if (seen.has(subject)) continue;
         seen.add(subject);
         results.httpTrips.push(await countHttpTrips(c, subject, { ...services, redisUrl: countUrl }));

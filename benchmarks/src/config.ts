@@ -18,6 +18,8 @@ export type ServerKind =
       /** With @oncely/opentelemetry: metrics on, recorded by the SDK with a no-op exporter (Fastify only). */
       otel?: boolean;
     }
+  /** The floor on Redis (src/floor.ts), by hand in the route, on Express or Fastify. */
+  | { impl: 'floor'; framework: 'express' | 'fastify'; store: 'redis' }
   /** express-idempotency on Express 5, with its default in-memory adapter or express-idempotency-redis-adapter. */
   | { impl: 'express-idempotency'; store: 'memory' | 'redis' }
   /** The same NestJS 11 app with @node-idempotency/nestjs. */

@@ -78,6 +78,21 @@ export function buildMatrix(options: MatrixOptions): HttpCase[] {
           kind: { impl: 'oncely', framework, store },
           baseline: bare,
         });
+        // The floor beside oncely + Redis on the two main adapters: what the least atomic layer costs there.
+        if (
+          store === 'redis' &&
+          (framework === 'express' || framework === 'fastify') &&
+          scenario !== 'nokey'
+        ) {
+          cases.push({
+            id: `${framework}/floor-redis/${scenario}`,
+            group: framework,
+            subject: 'floor (by hand) + Redis',
+            scenario,
+            kind: { impl: 'floor', framework, store: 'redis' },
+            baseline: bare,
+          });
+        }
         if (options.otel === true && framework === 'fastify' && store === 'memory' && scenario === 'first') {
           cases.push({
             id: 'fastify/oncely-memory-otel/first',
@@ -271,7 +286,10 @@ export async function measureCase(
       await new Promise((resolve) => setTimeout(resolve, 100));
       const check = await post(server.url, keys[0] as string);
       if (check.status !== 201) throw new Error(`${c.id}: a replay answered ${check.status}`);
-      if (c.kind.impl === 'oncely' && check.headers.get('idempotent-replayed') !== 'true')
+      if (
+        (c.kind.impl === 'oncely' || c.kind.impl === 'floor') &&
+        check.headers.get('idempotent-replayed') !== 'true'
+      )
         throw new Error(`${c.id}: the warm key was not replayed`);
       let i = 0;
       nextKey = () => keys[i++ % keys.length];

@@ -4,6 +4,7 @@
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { readConfig, type ServerConfig, type ServerKind, type Services } from './config';
+import { openFloor } from './floor';
 import { otelOptions } from './otel';
 import { type ChargeRequest, charge, PATH } from './route';
 import { type OpenStore, openStore } from './stores';
@@ -11,6 +12,10 @@ import { type OpenStore, openStore } from './stores';
 const { kind, services } = readConfig<ServerConfig>();
 
 let closeAll: () => Promise<void> = async () => {};
+
+// The floor's answers: the same JSON content type as the frameworks' own, and a replay marked as oncely marks it.
+const JSON_HEADERS = { 'content-type': 'application/json; charset=utf-8' };
+const REPLAYED = { 'idempotent-replayed': 'true' };
 
 async function startExpress(kind: ServerKind & { framework?: string }, services: Services): Promise<Server> {
   const { default: express } = await import('express');
@@ -52,6 +57,22 @@ async function startExpress(kind: ServerKind & { framework?: string }, services:
       if (getSharedIdempotencyService().isHit(req)) return;
       res.status(201).json(charge(req.body as ChargeRequest));
     });
+  } else if (kind.impl === 'floor') {
+    const floor = await openFloor(services.redisUrl, `${services.redisPrefix}floor:`);
+    closeAll = () => floor.close();
+    app.post(PATH, async (req, res) => {
+      const key = req.get('idempotency-key');
+      const answer = key === undefined ? undefined : await floor.reserve(key);
+      if (answer === 'in-progress') {
+        res.status(409).end();
+      } else if (answer !== undefined) {
+        res.status(answer.status).set(answer.headers).set(REPLAYED).send(answer.body);
+      } else {
+        const body = Buffer.from(JSON.stringify(charge(req.body as ChargeRequest)));
+        if (key !== undefined) await floor.store(key, { status: 201, headers: JSON_HEADERS, body });
+        res.status(201).set(JSON_HEADERS).send(body);
+      }
+    });
   } else {
     app.post(PATH, (req, res) => {
       res.status(201).json(charge(req.body as ChargeRequest));
@@ -82,10 +103,25 @@ async function startFastify(kind: ServerKind, services: Services): Promise<Serve
     });
     closeAll = () => opened.close();
   }
-  fastify.post(PATH, async (request, reply) => {
-    reply.code(201);
-    return charge(request.body as ChargeRequest);
-  });
+  if (kind.impl === 'floor') {
+    const floor = await openFloor(services.redisUrl, `${services.redisPrefix}floor:`);
+    closeAll = () => floor.close();
+    fastify.post(PATH, async (request, reply) => {
+      const key = request.headers['idempotency-key'] as string | undefined;
+      const answer = key === undefined ? undefined : await floor.reserve(key);
+      if (answer === 'in-progress') return reply.code(409).send();
+      if (answer !== undefined)
+        return reply.code(answer.status).headers(answer.headers).headers(REPLAYED).send(answer.body);
+      const body = Buffer.from(JSON.stringify(charge(request.body as ChargeRequest)));
+      if (key !== undefined) await floor.store(key, { status: 201, headers: JSON_HEADERS, body });
+      return reply.code(201).headers(JSON_HEADERS).send(body);
+    });
+  } else {
+    fastify.post(PATH, async (request, reply) => {
+      reply.code(201);
+      return charge(request.body as ChargeRequest);
+    });
+  }
   await fastify.listen({ port: 0, host: '127.0.0.1' });
   return fastify.server;
 }
