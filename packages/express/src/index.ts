@@ -1,3 +1,4 @@
+import { IncomingMessage, ServerResponse } from 'node:http';
 import {
   type CapturedResponse,
   type Execution,
@@ -28,6 +29,8 @@ const kLayerPatched = Symbol.for('oncely.express.layerPatched');
 
 interface RequestState {
   execution: Execution;
+  /** What `req.idempotency` reads. */
+  context: IdempotencyContext;
   /** An error a later handler passed on (seen through the patched Layer): the key is released. */
   error: unknown;
   /** The response's capture while it holds the body back; `undefined` once the response went its own way. */
@@ -35,18 +38,25 @@ interface RequestState {
 }
 
 /**
- * Covered requests' state, keyed by response, shared across copies of this package. A WeakMap rather than a
+ * Covered requests' state, keyed by response, shared across copies of this package (below). A WeakMap rather than a
  * property: Express replaces the prototype of every request and response (`Object.setPrototypeOf`), after which V8
- * caches no hidden-class transitions for them, so each property added to one costs ~1.3 µs
- * (`pnpm --filter @oncely/benchmarks micro:props`). oncely still adds the five that must be there: the public
- * `req.idempotencyKey` and `req.idempotency`, and `res.write`/`res.end`/`res.writeHead` wrapped on the response
- * itself, which is the one place every caller goes through, whichever Express copy or sub-app the handler runs in
- * (wrapping Express's shared prototypes instead saved ~4 µs but missed handlers of another Express copy).
+ * caches no hidden-class transitions for them, so each property added to one builds a new hidden class: 1.3–4.5 µs
+ * each in `pnpm --filter @oncely/benchmarks micro:props`, and more again in garbage collection under load (the two
+ * `req` properties alone took ~100 µs of server CPU per Express + Memory first execution on this 2-core machine).
+ * So nothing is added to a covered request or response when it can be avoided: `req.idempotencyKey` and
+ * `req.idempotency` are accessors on `IncomingMessage.prototype` that read this map, and `res.write`/`res.end`/
+ * `res.writeHead` are dispatched from `ServerResponse.prototype` (see `installPrototypeHooks`). Both sit below every
+ * Express copy's prototypes, so handlers of another Express copy or a sub-app go through them too; where something
+ * shadows them (a middleware that wrapped `res.end`, a value set on `req` by hand) oncely falls back to own
+ * properties on that one request.
  */
-const globalStates = globalThis as typeof globalThis & { [kStates]?: WeakMap<Response, RequestState> };
-// Keyed by the response, which the hot paths (write, end, the Layer wrapper) hold without reading a property.
-globalStates[kStates] ??= new WeakMap<Response, RequestState>();
-const states = globalStates[kStates];
+// Kept on ServerResponse.prototype, which every copy of this package and every vm context (Jest runs each test file
+// in one) shares with Node's http module, as the dispatch installed there does: a map per copy would leave a later
+// copy's responses unseen by the dispatch the first copy installed.
+const statesHolder = ServerResponse.prototype as unknown as { [kStates]?: WeakMap<Response, RequestState> };
+if (statesHolder[kStates] === undefined)
+  Object.defineProperty(statesHolder, kStates, { value: new WeakMap<Response, RequestState>() });
+const states = statesHolder[kStates] as WeakMap<Response, RequestState>;
 
 /**
  * Express middleware (Express 4 and 5): `app.use(idempotency())` covers every POST/PUT/PATCH; on one route,
@@ -55,6 +65,7 @@ const states = globalStates[kStates];
  */
 export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHandler {
   const engine = new Idempotency<Request>(options);
+  const hooks = installPrototypeHooks();
 
   return function idempotencyMiddleware(req: Request, res: Response, next: NextFunction): void {
     if (states.has(res) || !engine.covers(req.method)) {
@@ -81,12 +92,21 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
         if (decision.action === 'respond') return send(res, decision.response);
         const { execution } = decision;
         execution.headersBeforeHandler(res.getHeaders());
-        const state: RequestState = { execution, error: undefined, capture: undefined };
+        const context: IdempotencyContext = { key: execution.clientKey, db: execution.db };
+        const state: RequestState = { execution, context, error: undefined, capture: undefined };
         states.set(res, state);
-        req.idempotencyKey = execution.clientKey;
-        req.idempotency = { key: execution.clientKey, db: execution.db };
+        // The accessors on IncomingMessage.prototype read the state through `req.res`; anything else gets properties.
+        if (
+          req.res !== res ||
+          !(req instanceof IncomingMessage) ||
+          Object.hasOwn(req, 'idempotencyKey') ||
+          Object.hasOwn(req, 'idempotency')
+        ) {
+          req.idempotencyKey = execution.clientKey;
+          req.idempotency = context;
+        }
         patchLayer(req);
-        state.capture = new Capture(res, state);
+        state.capture = new Capture(res, state, hooks);
         // A response that closes without passing through our end: Express destroys the socket when a handler fails
         // after streaming began (release the noted error), the handler destroyed it with an error (released), or
         // something sent it around oncely (Node's methods
@@ -173,10 +193,19 @@ class Capture {
   #passThrough = false;
   #active = true;
 
-  constructor(res: Response, state: RequestState) {
+  constructor(res: Response, state: RequestState, hooks: ResponseHooks) {
     this.#res = res;
     this.#state = state;
     const r = res as unknown as Record<Method, AnyMethod>;
+    // The usual case: nothing shadows ServerResponse.prototype's dispatch, which finds this capture in `states`.
+    if (
+      r.write === hooks.dispatch.write &&
+      r.end === hooks.dispatch.end &&
+      r.writeHead === hooks.dispatch.writeHead
+    ) {
+      this.#original = hooks.original;
+      return;
+    }
     this.#original = { write: r.write, end: r.end, writeHead: r.writeHead };
     for (const method of METHODS) {
       const capture = this;
@@ -326,6 +355,88 @@ function sameHeaders(
   }
   for (const name in before) if (name !== '') count--;
   return count === 0;
+}
+
+interface ResponseHooks {
+  /** ServerResponse's own methods, as they were before oncely. */
+  readonly original: Readonly<Record<Method, AnyMethod>>;
+  /** What oncely put on ServerResponse.prototype in their place. */
+  readonly dispatch: Readonly<Record<Method, AnyMethod>>;
+}
+const kResponseHooks = Symbol.for('oncely.express.responseHooks');
+const kRequestAccessors = Symbol.for('oncely.express.requestAccessors');
+
+/**
+ * Installs, once per process (shared by every copy of this package through `Symbol.for`), what lets oncely cover a
+ * request without adding properties to it (see `states`): `write`, `end` and `writeHead` on
+ * `ServerResponse.prototype` that hand a covered response's calls to its capture and pass every other call straight
+ * to Node's own method (one WeakMap lookup), and the `req.idempotencyKey` / `req.idempotency` accessors on
+ * `IncomingMessage.prototype` (a value assigned to either becomes the request's own property, as before).
+ */
+function installPrototypeHooks(): ResponseHooks {
+  const responsePrototype = ServerResponse.prototype as unknown as Record<Method, AnyMethod> & {
+    [kResponseHooks]?: ResponseHooks;
+  };
+  let hooks = responsePrototype[kResponseHooks];
+  if (hooks === undefined) {
+    const original = {
+      write: responsePrototype.write,
+      end: responsePrototype.end,
+      writeHead: responsePrototype.writeHead,
+    };
+    const dispatch = {
+      write: function write(this: Response, ...args: unknown[]): unknown {
+        const capture = states.get(this)?.capture;
+        return capture?.intercepts('write') ? capture.write(this, args) : original.write.apply(this, args);
+      },
+      end: function end(this: Response, ...args: unknown[]): unknown {
+        const capture = states.get(this)?.capture;
+        return capture?.intercepts('end') ? capture.end(this, args) : original.end.apply(this, args);
+      },
+      writeHead: function writeHead(this: Response, ...args: unknown[]): unknown {
+        const capture = states.get(this)?.capture;
+        return capture?.intercepts('writeHead')
+          ? capture.writeHead(this, args)
+          : original.writeHead.apply(this, args);
+      },
+    };
+    hooks = { original, dispatch };
+    Object.defineProperty(responsePrototype, kResponseHooks, { value: hooks });
+    for (const method of METHODS)
+      Object.defineProperty(responsePrototype, method, {
+        value: dispatch[method],
+        writable: true,
+        configurable: true,
+        enumerable: false,
+      });
+  }
+
+  const requestPrototype = IncomingMessage.prototype as IncomingMessage & { [kRequestAccessors]?: true };
+  if (requestPrototype[kRequestAccessors] !== true) {
+    Object.defineProperty(requestPrototype, kRequestAccessors, { value: true });
+    const accessor = (name: 'idempotencyKey' | 'idempotency', read: (state: RequestState) => unknown) => ({
+      configurable: true,
+      enumerable: false,
+      get(this: IncomingMessage & { res?: Response }): unknown {
+        const state = this.res === undefined ? undefined : states.get(this.res);
+        return state === undefined ? undefined : read(state);
+      },
+      set(this: IncomingMessage, value: unknown): void {
+        Object.defineProperty(this, name, { value, writable: true, configurable: true, enumerable: true });
+      },
+    });
+    Object.defineProperty(
+      requestPrototype,
+      'idempotencyKey',
+      accessor('idempotencyKey', (state) => state.execution.clientKey),
+    );
+    Object.defineProperty(
+      requestPrototype,
+      'idempotency',
+      accessor('idempotency', (state) => state.context),
+    );
+  }
+  return hooks;
 }
 
 interface LayerPrototype {

@@ -9,6 +9,10 @@ import morgan from 'morgan';
 import request from 'supertest';
 import idempotencyDefault, { idempotency } from '../src';
 
+type NodeMethods = {
+  original: Record<'writeHead' | 'end', (this: ServerResponse, ...args: unknown[]) => unknown>;
+};
+
 const versions = [
   ['Express 5', express],
   ['Express 4', express4 as unknown as typeof express],
@@ -250,7 +254,8 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
     app.use(idempotency());
     app.get(
       '/read',
-      (req, res) => void res.json({ key: req.idempotencyKey ?? null, has: 'idempotency' in req }),
+      (req, res) =>
+        void res.json({ key: req.idempotencyKey ?? null, own: Object.hasOwn(req, 'idempotency') }),
     );
     app.post('/assign', (req, res) => {
       req.idempotencyKey = 'mine';
@@ -258,7 +263,54 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
     });
     await request(app).post('/assign').set('Idempotency-Key', 'a1').send({}).expect(201, { key: 'mine' });
     const read = await request(app).get('/read').set('Idempotency-Key', 'a1');
-    expect(read.body.key).toBeNull();
+    expect(read.body).toEqual({ key: null, own: false });
+  });
+
+  test('a covered request and its response get no own properties (each costs V8 a hidden class), yet the key reads', async () => {
+    const app = expressModule();
+    app.use(expressModule.json());
+    app.use(idempotency());
+    const seen: unknown[] = [];
+    app.post('/plain', (req, res) => {
+      seen.push({
+        key: req.idempotencyKey,
+        context: req.idempotency?.key,
+        own: ['idempotencyKey', 'idempotency'].filter((name) => Object.hasOwn(req, name)),
+        ownMethods: ['write', 'end', 'writeHead'].filter((name) => Object.hasOwn(res, name)),
+      });
+      res.status(201).json({ ok: true });
+    });
+    await request(app).post('/plain').set('Idempotency-Key', 'p1').send({}).expect(201);
+    const replay = await request(app).post('/plain').set('Idempotency-Key', 'p1').send({});
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(seen).toEqual([{ key: 'p1', context: 'p1', own: [], ownMethods: [] }]);
+  });
+
+  test('a middleware before oncely that wrapped res.end on the response: oncely wraps it in turn and stores the bytes', async () => {
+    const app = expressModule();
+    app.use((_req, res, next) => {
+      const end = res.end;
+      // Marks what goes on the wire, after oncely: the stored body must not carry the mark.
+      res.end = function marked(this: typeof res, ...args: unknown[]) {
+        res.setHeader('x-marked', 'yes');
+        return (end as (...a: unknown[]) => typeof res).apply(this, args);
+      } as typeof res.end;
+      next();
+    });
+    app.use(expressModule.json());
+    app.use(idempotency());
+    let runs = 0;
+    app.post('/wrapped', (_req, res) => {
+      runs++;
+      res.status(201).send('body');
+    });
+    const first = await request(app).post('/wrapped').set('Idempotency-Key', 'w1').send({});
+    expect(first.status).toBe(201);
+    expect(first.headers['x-marked']).toBe('yes');
+    const replay = await request(app).post('/wrapped').set('Idempotency-Key', 'w1').send({});
+    expect(replay.text).toBe('body');
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(runs).toBe(1);
   });
 
   test('compression mounted before: what the handler wrote is stored, each client gets what it accepts', async () => {
@@ -310,9 +362,13 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
     let runs = 0;
     app.post('/around', (_req, res) => {
       runs++;
-      // Node's own methods, not the response's: oncely never sees the answer.
-      ServerResponse.prototype.writeHead.call(res, 200);
-      (ServerResponse.prototype.end as (this: ServerResponse, chunk: string) => void).call(res, 'raw');
+      // Node's own methods, as they were before oncely put its dispatch on ServerResponse.prototype (kept beside it):
+      // oncely never sees the answer.
+      const hooks = (ServerResponse.prototype as unknown as Record<symbol, NodeMethods>)[
+        Symbol.for('oncely.express.responseHooks')
+      ] as NodeMethods;
+      hooks.original.writeHead.call(res, 200);
+      hooks.original.end.call(res, 'raw');
     });
     const first = await request(app).post('/around').set('Idempotency-Key', 'r1');
     expect(first.text).toBe('raw');
