@@ -127,9 +127,11 @@ function writeReport(results: RunResults): void {
   writeFileSync(page, renderMarkdown(results, 'benchmarks.svg', NOTES));
   // The repository's formatter aligns the tables, so that `pnpm lint` passes on the page as written.
   try {
-    execFileSync('pnpm', ['exec', 'biome', 'format', '--write', page], { cwd: ROOT, stdio: 'ignore' });
+    // The workspace's own biome, not `pnpm exec`: pnpm need not be on PATH (README: Node and npm only).
+    const biome = join(ROOT, 'node_modules', '.bin', process.platform === 'win32' ? 'biome.cmd' : 'biome');
+    execFileSync(biome, ['format', '--write', page], { cwd: ROOT, stdio: 'ignore' });
   } catch {
-    log('biome could not format docs/benchmarks.md: run `pnpm format`');
+    log('biome could not format docs/benchmarks.md: run `npm run format`');
   }
   log('wrote docs/benchmarks.md and docs/benchmarks.svg');
 }

@@ -1,4 +1,5 @@
-// Redis's own CPU per store operation, for RedisStore's record layout against the hash layout before it: a private
+// Redis's own CPU per store operation, for RedisStore's record layout against the hash layout before it and against
+// the floor (src/floor.ts: its reserve-or-read script, then a plain SET PX of the response): a private
 // redis-server (so no other client's commands count), the scripts of each layout sent by EVALSHA over one ioredis
 // client with auto-pipelining (one write per event-loop turn for both), 32 in flight, 20,000 operations per phase,
 // the redis-server process's CPU time (user + system, /proc) read around each phase; 5 rounds, alternating.
@@ -10,6 +11,7 @@ import { responseHead } from '../../packages/redis/src/replies';
 import { SCRIPTS } from '../../packages/redis/src/scripts';
 import { LEGACY_ACQUIRE, LEGACY_COMPLETE } from '../../packages/redis/test/fixtures/hash-layout';
 import { cpuSeconds } from '../src/cpu';
+import { RESERVE } from '../src/floor';
 
 const OPERATIONS = 20_000;
 const IN_FLIGHT = 32;
@@ -29,6 +31,7 @@ const ttl = 86_400_000;
 const load = async (lua: string) => (await client.script('LOAD', lua)) as string;
 const hash = { acquire: await load(LEGACY_ACQUIRE), complete: await load(LEGACY_COMPLETE) };
 const string = { acquire: await load(SCRIPTS.acquire.lua), complete: await load(SCRIPTS.complete.lua) };
+const floorReserve = await load(RESERVE);
 
 // One first execution (acquire + complete), in each layout, with the arguments its RedisStore sends.
 const first = {
@@ -44,14 +47,21 @@ const first = {
     const args = [token, responseHead({ status: 201, headers, body }), body, ttl, 's:completed'];
     await client.evalsha(string.complete, 1, `s:${key}`, ...args);
   },
+  floor: async (key: string) => {
+    await client.evalsha(floorReserve, 1, `f:${key}`, 'p', 30_000);
+    const head = Buffer.from(`201\n${JSON.stringify(headers)}\n`);
+    await client.set(`f:${key}`, Buffer.concat([head, body]), 'PX', ttl);
+  },
 };
 const replay = {
   hash: (key: string) => client.evalsha(hash.acquire, 1, `h:${key}`, fingerprint, 30_000, randomUUID()),
   string: (key: string) => client.evalsha(string.acquire, 1, `s:${key}`, fingerprint, 30_000, randomUUID()),
+  floor: (key: string) => client.evalsha(floorReserve, 1, `f:${key}`, 'p', 30_000),
 };
 for (let i = 0; i < 100; i++) {
   await first.hash(`warm${i}`);
   await first.string(`warm${i}`);
+  await first.floor(`warm${i}`);
 }
 
 let n = 0;
@@ -68,7 +78,11 @@ async function phase(operation: (key: string) => Promise<unknown>, keyOf: (i: nu
 
 const results: Record<string, number[]> = {};
 for (let round = 0; round < ROUNDS; round++) {
-  for (const layout of round % 2 === 0 ? (['hash', 'string'] as const) : (['string', 'hash'] as const)) {
+  const layouts = ['hash', 'string', 'floor'] as const;
+  // Rotated every round, so no layout always follows the same one.
+  for (const layout of layouts.map(
+    (_, i) => layouts[(i + round) % layouts.length] as (typeof layouts)[number],
+  )) {
     const firstUs = await phase(first[layout], () => `k${n++}`);
     const replayUs = await phase(replay[layout], (i) => `warm${i % 100}`);
     results[`${layout} first`] = [...(results[`${layout} first`] ?? []), firstUs];

@@ -23,15 +23,20 @@ export async function setupDynamo(root: string, runId: string): Promise<DynamoSe
   if (!existsSync(join(dir, 'src', 'index.ts')) || !existsSync(packageJson))
     return 'packages/dynamodb does not exist yet, so DynamoDB is not in the matrix.';
   try {
-    execFileSync('pnpm', ['--filter', '@oncely/dynamodb', 'build'], {
-      cwd: root,
-      stdio: 'pipe',
-      timeout: 180_000,
-    });
+    // Through scripts/pnpm.mjs, as `pnpm bench` itself: a machine with only Node and npm has no `pnpm` on PATH.
+    execFileSync(
+      process.execPath,
+      [join(root, 'scripts', 'pnpm.mjs'), '--filter', '@oncely/dynamodb', 'build'],
+      {
+        cwd: root,
+        stdio: 'pipe',
+        timeout: 180_000,
+      },
+    );
   } catch (error) {
     const output =
       String((error as { stdout?: Buffer }).stdout ?? '') +
-      String((error as { stderr?: Buffer }).stderr ?? '');
+        String((error as { stderr?: Buffer }).stderr ?? '') || String((error as Error).message);
     return `packages/dynamodb exists but does not build yet (\`pnpm --filter @oncely/dynamodb build\` failed: ${output.trim().split('\n').slice(-2).join(' ').slice(0, 200)}), so DynamoDB is not in the matrix.`;
   }
   const modulePath = join(dir, 'dist', 'index.js');

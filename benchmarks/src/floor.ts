@@ -5,7 +5,8 @@
 // renewal, no wait mode, no problem+json, no checks on the key: everything oncely does beyond this is its cost.
 import Redis from 'ioredis';
 
-const RESERVE = `local v = redis.call('GET', KEYS[1])
+/** The floor's reserve-or-read script (also run by micro/redis-cpu.ts). */
+export const RESERVE = `local v = redis.call('GET', KEYS[1])
 if v then return v end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return false`;
