@@ -1,5 +1,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { type AcquireOptions, type AcquireResult, MemoryStore, type StoredResponse } from '@oncely/core';
+import { waitUntil } from '@oncely/testing';
 import { type Attributes, context, SpanKind, trace } from '@opentelemetry/api';
 import {
   AggregationTemporality,
@@ -134,4 +135,96 @@ export function gate(): { promise: Promise<void>; open: () => void } {
     open = resolve;
   });
   return { promise, open };
+}
+
+/** What the consumer scenario reads of each settlement (a broker wrapper's `onSettled` event). */
+export interface SettledEvent {
+  readonly action: string;
+  readonly reason: string;
+  readonly key?: string | undefined;
+}
+
+/**
+ * Drives every consumer outcome through one broker wrapper: executed, replayed, mismatch, rejected (no key), a failed
+ * attempt released and retried, a conflict (two copies of a slow message at once, sent by `publishBusy`), a store
+ * error and a fenced completion. The handler is expected to sleep 500 ms on the body 'slow' and to throw once on
+ * 'fail-once'. Keys start with SECRET, so `expectConsumerOutcomes` can check that none reaches an attribute.
+ */
+export async function driveConsumerOutcomes(
+  publish: (body: string, key?: string) => Promise<void>,
+  publishBusy: () => Promise<void>,
+  events: readonly SettledEvent[],
+  store: FlakyStore,
+): Promise<void> {
+  const settled = (n: number, what: string) => waitUntil(() => events.length >= n, what);
+  await publish('a', 'SECRET-order-1');
+  await settled(1, 'executed');
+  await publish('a', 'SECRET-order-1');
+  await settled(2, 'replayed');
+  await publish('b', 'SECRET-order-1');
+  await settled(3, 'mismatch');
+  await publish('no key');
+  await settled(4, 'rejected');
+  await publish('fail-once', 'SECRET-flaky');
+  await waitUntil(() => events.some((e) => e.reason === 'executed' && e.key === 'SECRET-flaky'), 'retried');
+  await publishBusy();
+  await waitUntil(
+    () => events.filter((e) => e.key === 'SECRET-busy' && e.action === 'ack').length === 2,
+    'busy',
+  );
+  store.failAcquire = true;
+  await publish('down', 'SECRET-down');
+  await waitUntil(() => events.some((e) => e.reason === 'store-error'), 'store error');
+  store.failAcquire = false;
+  await waitUntil(() => events.some((e) => e.reason === 'executed' && e.key === 'SECRET-down'), 'store back');
+  store.fenceComplete = true;
+  await publish('fence', 'SECRET-fence');
+  await waitUntil(() => events.some((e) => e.key === 'SECRET-fence'), 'fenced');
+  store.fenceComplete = false;
+}
+
+/**
+ * What `driveConsumerOutcomes` must have produced: each settlement matches one decision (executed: order-1, flaky
+ * twice, busy, down, fence; replayed: order-1, busy; a conflict per delay of busy's second copy; mismatch; rejected;
+ * store_error; released: the failed attempt; fenced), the store operations timed, nothing left in flight, the
+ * outcome on each message's span (named `spanName`) with the store spans under it, and no key in any attribute.
+ */
+export async function expectConsumerOutcomes(
+  t: ReturnType<typeof telemetry>,
+  events: readonly SettledEvent[],
+  spanName: string,
+): Promise<void> {
+  const reasons = events.map((e) => `${e.action}:${e.reason}`);
+  const n = (r: string) => reasons.filter((x) => x === r).length;
+  const conflicts = n('delay:in-progress');
+  expect(conflicts).toBeGreaterThanOrEqual(1);
+  expect(await t.decisions()).toEqual({
+    'consumer:executed': 6,
+    'consumer:replayed': 2,
+    'consumer:conflict': conflicts,
+    'consumer:mismatch': 1,
+    'consumer:rejected': 1,
+    'consumer:store_error': 1,
+    'consumer:released': 1,
+    'consumer:fenced': 1,
+  });
+  expect(n('ack:executed') + n('retry:failed')).toBe(6);
+
+  const ops = await t.storeOperations();
+  expect(ops['acquire:error']).toBe(1);
+  expect(ops['complete:ok']).toBe(5);
+  expect(ops['release:ok']).toBe(1);
+  expect(await t.active('consumer')).toBe(0);
+
+  const messageSpans = t.spans().filter((s) => s.name === spanName);
+  expect(messageSpans.map((s) => s.attributes['oncely.outcome'])).toEqual(
+    expect.arrayContaining(['executed', 'replayed', 'mismatch', 'rejected', 'conflict', 'store_error']),
+  );
+  const storeSpans = t.spans().filter((s) => s.name.startsWith('oncely.store '));
+  const messageIds = new Set(messageSpans.map((s) => s.spanContext().spanId));
+  expect(storeSpans.length).toBeGreaterThan(0);
+  for (const s of storeSpans) expect(messageIds.has(s.parentSpanContext?.spanId ?? '')).toBe(true);
+
+  const values = await t.everyAttributeValue();
+  expect(values.filter((v) => v.includes('SECRET'))).toEqual([]);
 }

@@ -6,9 +6,9 @@ import { AckPolicy, type JsMsg, jetstream, jetstreamManager } from '@nats-io/jet
 import { connect, type NatsConnection, nanos } from '@nats-io/transport-node';
 import { idempotentConsumer, type NatsSettledEvent } from '@oncely/nats';
 import { otel } from '@oncely/opentelemetry';
-import { sleep, waitUntil } from '@oncely/testing';
+import { sleep } from '@oncely/testing';
 import { context, trace } from '@opentelemetry/api';
-import { FlakyStore, telemetry } from './helpers';
+import { driveConsumerOutcomes, expectConsumerOutcomes, FlakyStore, telemetry } from './helpers';
 
 // Every consumer outcome produced by real messages through @oncely/nats and the NATS JetStream server on this
 // machine, counted by the real OpenTelemetry SDK. One stream of this file's own, ONCELY_OTEL_<run>, deleted (with
@@ -81,72 +81,15 @@ test('every NATS consumer outcome is counted, annotates the message span, and ca
     published++;
     await js.publish(subject, body, msgID === undefined ? {} : { msgID });
   };
-  const settled = (n: number, what: string) => waitUntil(() => events.length >= n, what);
-
-  await publish('a', 'SECRET-order-1');
-  await settled(1, 'executed');
-  await publish('a', 'SECRET-order-1');
-  await settled(2, 'replayed');
-  await publish('b', 'SECRET-order-1');
-  await settled(3, 'mismatch');
-  await publish('no key');
-  await settled(4, 'rejected');
-  await publish('fail-once', 'SECRET-flaky');
-  await waitUntil(() => events.some((e) => e.reason === 'executed' && e.key === 'SECRET-flaky'), 'retried');
   // Two copies at once: the second finds the key held (a conflict, nak'd) and is replayed once the first is done.
-  await js.publish(subject, 'slow', { msgID: 'SECRET-busy' });
-  await sleep(150);
-  await js.publish(subject, 'slow', { msgID: 'SECRET-busy' });
-  await waitUntil(
-    () => events.filter((e) => e.key === 'SECRET-busy' && e.action === 'ack').length === 2,
-    'busy',
-  );
-  store.failAcquire = true;
-  await publish('down', 'SECRET-down');
-  await waitUntil(() => events.some((e) => e.reason === 'store-error'), 'store error');
-  store.failAcquire = false;
-  await waitUntil(() => events.some((e) => e.reason === 'executed' && e.key === 'SECRET-down'), 'store back');
-  store.fenceComplete = true;
-  await publish('fence', 'SECRET-fence');
-  await waitUntil(() => events.some((e) => e.key === 'SECRET-fence'), 'fenced');
-  store.fenceComplete = false;
+  const publishBusy = async () => {
+    await js.publish(subject, 'slow', { msgID: 'SECRET-busy' });
+    await sleep(150);
+    await js.publish(subject, 'slow', { msgID: 'SECRET-busy' });
+  };
+  await driveConsumerOutcomes(publish, publishBusy, events, store);
   expect(published).toBe(7);
-
-  const reasons = events.map((e) => `${e.action}:${e.reason}`);
-  const n = (r: string) => reasons.filter((x) => x === r).length;
-  const conflicts = n('delay:in-progress');
-  expect(conflicts).toBeGreaterThanOrEqual(1);
-  // As with AMQP: executed (order-1, flaky twice, busy, down, fence), replayed (order-1, busy), a conflict per nak
-  // of busy's copy, mismatch, rejected (no key), store_error, released (the failed attempt), fenced.
-  expect(await t.decisions()).toEqual({
-    'consumer:executed': 6,
-    'consumer:replayed': 2,
-    'consumer:conflict': conflicts,
-    'consumer:mismatch': 1,
-    'consumer:rejected': 1,
-    'consumer:store_error': 1,
-    'consumer:released': 1,
-    'consumer:fenced': 1,
-  });
-  expect(n('ack:executed') + n('retry:failed')).toBe(6);
-
-  const ops = await t.storeOperations();
-  expect(ops['acquire:error']).toBe(1);
-  expect(ops['complete:ok']).toBe(5);
-  expect(ops['release:ok']).toBe(1);
-  expect(await t.active('consumer')).toBe(0);
-
-  const messageSpans = t.spans().filter((s) => s.name === `${subject} process`);
-  expect(messageSpans.map((s) => s.attributes['oncely.outcome'])).toEqual(
-    expect.arrayContaining(['executed', 'replayed', 'mismatch', 'rejected', 'conflict', 'store_error']),
-  );
-  const storeSpans = t.spans().filter((s) => s.name.startsWith('oncely.store '));
-  const messageIds = new Set(messageSpans.map((s) => s.spanContext().spanId));
-  expect(storeSpans.length).toBeGreaterThan(0);
-  for (const s of storeSpans) expect(messageIds.has(s.parentSpanContext?.spanId ?? '')).toBe(true);
-
-  const values = await t.everyAttributeValue();
-  expect(values.filter((v) => v.includes('SECRET'))).toEqual([]);
+  await expectConsumerOutcomes(t, events, `${subject} process`);
 
   await messages.close();
   await loop;

@@ -6,6 +6,7 @@ import { IdempotencyOptionsError, MemoryStore, PermanentError } from '@oncely/co
 import { idempotentWorker, type PgBossSettledEvent } from '@oncely/pg-boss';
 import { PostgresStore } from '@oncely/postgres';
 import { waitUntil } from '@oncely/testing';
+import type { PoolClient } from 'pg';
 import type PgBoss from 'pg-boss';
 import { settledJob, testDatabase } from './helpers';
 
@@ -352,16 +353,22 @@ test('one batch with a success, a permanent error and a transient failure: each 
   await boss.offWork(name);
 });
 
+/** The work's own write in transactional mode: one shipment row, on the transaction's client; its id. */
+async function insertShipment(client: Pick<PoolClient, 'query'>, key: string, n: number): Promise<number> {
+  const { rows } = await client.query<{ id: number }>(
+    `INSERT INTO "${db.schema}".shipments (key, n) VALUES ($1, $2) RETURNING id`,
+    [key, n],
+  );
+  return (rows[0] as { id: number }).id;
+}
+
 describe('transactional mode', () => {
   const ship = (fail?: (job: Job) => boolean) =>
     idempotentWorker(
       async (job: Job, { key, db: client }) => {
-        const { rows: inserted } = await client.query(
-          `INSERT INTO "${db.schema}".shipments (key, n) VALUES ($1, $2) RETURNING id`,
-          [key, job.data.n],
-        );
+        const shipment = await insertShipment(client, key, job.data.n);
         if (fail?.(job)) throw new Error('failed after writing');
-        return { shipment: inserted[0].id as number };
+        return { shipment };
       },
       { boss, store, transactional: true },
     );
@@ -392,10 +399,7 @@ describe('transactional mode', () => {
           attempts++;
           // The retry looks from outside its transaction: the failed attempt must have left no row behind.
           if (attempts === 2) rowsSeenByRetry = await rows('tx-2');
-          await client.query(`INSERT INTO "${db.schema}".shipments (key, n) VALUES ($1, $2)`, [
-            key,
-            job.data.n,
-          ]);
+          await insertShipment(client, key, job.data.n);
           if (attempts === 1) throw new Error('failed after writing');
           return { attempt: attempts };
         },
@@ -440,10 +444,7 @@ describe('transactional mode', () => {
         async (job: Job, { key, db: client }) => {
           attempts++;
           inFlight.push(active);
-          await client.query(`INSERT INTO "${db.schema}".shipments (key, n) VALUES ($1, $2)`, [
-            key,
-            job.data.n,
-          ]);
+          await insertShipment(client, key, job.data.n);
           if (attempts === 1) throw new Error('failed after writing');
           return { attempt: attempts };
         },
@@ -488,10 +489,7 @@ describe('transactional mode', () => {
       work,
       idempotentWorker(
         async (job: Job, { key, db: client }) => {
-          await client.query(`INSERT INTO "${db.schema}".shipments (key, n) VALUES ($1, $2)`, [
-            key,
-            job.data.n,
-          ]);
+          await insertShipment(client, key, job.data.n);
           await gate;
           return { n: job.data.n };
         },
@@ -529,10 +527,7 @@ describe('transactional mode', () => {
       idempotentWorker(
         async (job: Job, { key, db: client }) => {
           seen.push(`${key}:${job.data.n}`);
-          await client.query(`INSERT INTO "${db.schema}".shipments (key, n) VALUES ($1, $2)`, [
-            key,
-            job.data.n,
-          ]);
+          await insertShipment(client, key, job.data.n);
           return null;
         },
         { boss, store, transactional: true, onSettled, maxKeyLength: 20 },
@@ -734,10 +729,7 @@ describe('settling, keys and waits (review findings)', () => {
       idempotentWorker(
         async (job: Job, { key, db: client }) => {
           calls++;
-          await client.query(`INSERT INTO "${db.schema}".shipments (key, n) VALUES ($1, $2)`, [
-            key,
-            job.data.n,
-          ]);
+          await insertShipment(client, key, job.data.n);
           // Far past the job's 1 s expiry: pg-boss fails the job (and fetches it again) while this runs.
           await new Promise((resolve) => setTimeout(resolve, 3500));
           return { n: job.data.n };
