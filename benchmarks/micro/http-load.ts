@@ -1,4 +1,4 @@
-// The load of one turn of micro/express.ts, in a process of its own so that the measured process holds only the
+// The load of one turn of micro/http.ts, in a process of its own so that the measured process holds only the
 // servers: autocannon, 50 connections, `POST /charges` with the benchmark's body and a key per request (first
 // execution) or one of 100 (replay). Prints the requests answered, as JSON.
 // `node --import tsx micro/http-load.ts <port> <seconds> <first|replay>`

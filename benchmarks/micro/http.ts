@@ -1,0 +1,168 @@
+// What an HTTP adapter costs per request over real sockets: the bare framework and oncely + Memory in one
+// process, loaded in turns by autocannon in a child process (micro/http-load.ts), CPU time (user + system) of this
+// process per request read around each turn. One process and alternating turns: the JIT, the heap and the
+// machine's drift are the same for both, so differences of ~10 µs show, which the runner's ±30% between runs
+// hides. Real sockets, not inject(): light-my-request's objects do not take the prototypes Node's do (what costs
+// most on Express, properties added after its `setPrototypeOf`, does not show through them), and on Hono
+// @hono/node-server's lightweight Request and Response only exist over a Node server.
+// `node --conditions=@oncely/source --import tsx micro/http.ts <express|fastify|hono|koa> [first|replay]` in
+// benchmarks/ (on the sources), or `pnpm --filter @oncely/benchmarks micro:http hono first`. Prints per variant:
+// CPU µs per request (median of turns), its user part, and the main thread's GC pauses per request by kind.
+// ONLY=oncely (or bare) serves one variant, for a profile (`--cpu-prof`) of it alone; ALLOC=<file> writes a heap
+// allocation profile of the measured turns.
+import { execFile } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
+import { Session } from 'node:inspector/promises';
+import type { AddressInfo } from 'node:net';
+import { PerformanceObserver } from 'node:perf_hooks';
+import { MemoryStore } from '@oncely/core';
+import { type ChargeRequest, charge, PATH } from '../src/route';
+
+const framework = process.argv[2] ?? 'express';
+const scenario = process.argv[3] === 'replay' ? 'replay' : 'first';
+const turns = Number(process.env.TURNS ?? 6);
+const seconds = Number(process.env.SECONDS ?? 3);
+
+async function express(covered: boolean): Promise<Server> {
+  const { default: express } = await import('express');
+  const app = express();
+  app.use(express.json());
+  if (covered) app.use((await import('@oncely/express')).idempotency({ store: new MemoryStore() }));
+  app.post(PATH, (req, res) => void res.status(201).json(charge(req.body as ChargeRequest)));
+  return createServer(app);
+}
+
+async function hono(covered: boolean): Promise<Server> {
+  const { Hono } = await import('hono');
+  const { getRequestListener } = await import('@hono/node-server');
+  const app = new Hono();
+  if (covered) app.use((await import('@oncely/hono')).idempotency({ store: new MemoryStore() }));
+  app.post(PATH, async (c) => c.json(charge(await c.req.json<ChargeRequest>()), 201));
+  return createServer(getRequestListener(app.fetch));
+}
+
+async function koa(covered: boolean): Promise<Server> {
+  const { default: Koa } = await import('koa');
+  const { bodyParser } = await import('@koa/bodyparser');
+  const app = new Koa();
+  app.use(bodyParser());
+  if (covered) app.use((await import('@oncely/koa')).idempotency({ store: new MemoryStore() }));
+  app.use((ctx) => {
+    if (ctx.method !== 'POST' || ctx.path !== PATH) return;
+    ctx.status = 201;
+    ctx.body = charge(ctx.request.body as ChargeRequest);
+  });
+  return createServer(app.callback());
+}
+
+async function fastify(covered: boolean): Promise<Server> {
+  const { default: Fastify } = await import('fastify');
+  const app = Fastify({ logger: false });
+  if (covered)
+    await app.register((await import('@oncely/fastify')).idempotencyPlugin, { store: new MemoryStore() });
+  app.post(PATH, async (request, reply) => {
+    reply.code(201);
+    return charge(request.body as ChargeRequest);
+  });
+  await app.ready();
+  return app.server;
+}
+
+const servers = { express, fastify, hono, koa } as const;
+if (!(framework in servers))
+  throw new Error(`micro/http.ts: no server for ${framework} (express, hono, koa)`);
+
+async function listen(covered: boolean): Promise<number> {
+  const server = await servers[framework as keyof typeof servers](covered);
+  return new Promise((resolve) => {
+    server.listen(0, '127.0.0.1', () => resolve((server.address() as AddressInfo).port));
+  });
+}
+
+function load(port: number, duration: number): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const args = ['--import', 'tsx', 'micro/http-load.ts', String(port), String(duration), scenario];
+    execFile(process.execPath, args, (error, stdout) => {
+      if (error) return reject(error);
+      const { answered, non2xx } = JSON.parse(stdout) as { answered: number; non2xx: number };
+      if (non2xx > 0) return reject(new Error(`${non2xx} answers were not 2xx`));
+      resolve(answered);
+    });
+  });
+}
+
+const only = process.env.ONLY;
+const ports: Record<string, number> = {};
+if (only !== 'oncely') ports.bare = await listen(false);
+if (only !== 'bare') ports.oncely = await listen(true);
+const names = Object.keys(ports);
+// Warm-up: the JIT, and MemoryStore's LRU filling up, as under load.
+for (const name of names) await load(ports[name] as number, 2);
+
+// ALLOC=file writes a sampling heap profile of the measured turns (every allocation, collected or not), for
+// the bytes each function allocates per request.
+const session = new Session();
+if (process.env.ALLOC) {
+  session.connect();
+  await session.post('HeapProfiler.startSampling', {
+    samplingInterval: 512,
+    includeObjectsCollectedByMajorGC: true,
+    includeObjectsCollectedByMinorGC: true,
+  } as import('node:inspector').HeapProfiler.StartSamplingParameterType);
+}
+
+interface Variant {
+  cpu: number[]; // user + system µs per request, per turn
+  user: number[];
+  answered: number;
+  gcMs: number[]; // main-thread pause by kind: [minor, major, incremental, weak callbacks]
+}
+const variants: Record<string, Variant> = Object.fromEntries(
+  names.map((name) => [name, { cpu: [], user: [], answered: 0, gcMs: [0, 0, 0, 0] }]),
+);
+let measuring: Variant | undefined;
+const GC_KINDS = [1, 4, 8, 2].map((flag) => [flag, [1, 2, 4, 8].indexOf(flag)] as const);
+new PerformanceObserver((list) => {
+  if (measuring === undefined) return;
+  for (const entry of list.getEntries()) {
+    const kind = (entry as { detail?: { kind?: number } }).detail?.kind ?? 0;
+    for (const [flag, index] of GC_KINDS)
+      if (kind === flag) (measuring.gcMs[index] as number) += entry.duration;
+  }
+}).observe({ entryTypes: ['gc'] });
+
+for (let t = 0; t < turns; t++) {
+  // Alternate the order every turn, so neither always follows the other.
+  for (let i = 0; i < names.length; i++) {
+    const name = names[(i + t) % names.length] as string;
+    const variant = variants[name] as Variant;
+    measuring = variant;
+    const before = process.cpuUsage();
+    const answered = await load(ports[name] as number, seconds);
+    const used = process.cpuUsage(before);
+    measuring = undefined;
+    variant.cpu.push((used.user + used.system) / answered);
+    variant.user.push(used.user / answered);
+    variant.answered += answered;
+  }
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1] as number;
+console.log(`${framework} over HTTP, ${scenario}, ${turns} turns of ${seconds} s: server CPU µs per request`);
+const bare = variants.bare;
+for (const name of names) {
+  const { cpu, user, answered, gcMs } = variants[name] as Variant;
+  const m = median(cpu);
+  const over = bare === undefined ? '' : `  (+${(m - median(bare.cpu)).toFixed(1)} over bare)`;
+  const gc = gcMs.map((ms) => ((ms * 1000) / answered).toFixed(2)).join(' / ');
+  console.log(
+    `${name.padEnd(7)} median ${m.toFixed(1)}${over}  turns ${cpu.map((x) => x.toFixed(0)).join(' ')}  ` +
+      `user ${median(user).toFixed(1)}  GC pause minor/major/incremental/weak ${gc}  (${answered} requests)`,
+  );
+}
+if (process.env.ALLOC) {
+  const { profile } = await session.post('HeapProfiler.stopSampling');
+  writeFileSync(process.env.ALLOC, JSON.stringify(profile));
+}
+process.exit(0);
