@@ -17,7 +17,7 @@ import { writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import { Session } from 'node:inspector/promises';
 import type { AddressInfo } from 'node:net';
-import { PerformanceObserver } from 'node:perf_hooks';
+import { PerformanceObserver, constants as perfConstants } from 'node:perf_hooks';
 import { MemoryStore } from '@oncely/core';
 import { type ChargeRequest, charge, PATH } from '../src/route';
 
@@ -124,13 +124,18 @@ const variants: Record<string, Variant> = Object.fromEntries(
   names.map((name) => [name, { cpu: [], user: [], answered: 0, gcMs: [0, 0, 0, 0] }]),
 );
 let measuring: Variant | undefined;
-const GC_KINDS = [1, 4, 8, 2].map((flag) => [flag, [1, 2, 4, 8].indexOf(flag)] as const);
+// perf_hooks.constants: NODE_PERFORMANCE_GC_MINOR, _MAJOR, _INCREMENTAL, _WEAKCB, in the order of gcMs.
+const GC_KINDS = [
+  perfConstants.NODE_PERFORMANCE_GC_MINOR,
+  perfConstants.NODE_PERFORMANCE_GC_MAJOR,
+  perfConstants.NODE_PERFORMANCE_GC_INCREMENTAL,
+  perfConstants.NODE_PERFORMANCE_GC_WEAKCB,
+];
 new PerformanceObserver((list) => {
   if (measuring === undefined) return;
   for (const entry of list.getEntries()) {
-    const kind = (entry as { detail?: { kind?: number } }).detail?.kind ?? 0;
-    for (const [flag, index] of GC_KINDS)
-      if (kind === flag) (measuring.gcMs[index] as number) += entry.duration;
+    const index = GC_KINDS.indexOf((entry as { detail?: { kind?: number } }).detail?.kind ?? -1);
+    if (index !== -1) (measuring.gcMs[index] as number) += entry.duration;
   }
 }).observe({ entryTypes: ['gc'] });
 
