@@ -55,7 +55,29 @@ test('onDecision, onStoreOperation and onExecutionStart/End report one request',
     'acquire:ok:MemoryStore:http',
     'acquire:ok:MemoryStore:http',
   ]);
-  for (const o of ops) expect(o.durationMs).toBeGreaterThanOrEqual(0);
+  for (const o of ops) {
+    expect(o.durationMs).toBeGreaterThanOrEqual(0);
+    expect(o.errorType).toBeUndefined();
+  }
+  await store.close();
+});
+
+test("a failed store operation's event names what the store threw: its class, or _OTHER", async () => {
+  class ConnectionLost extends Error {}
+  const thrown: unknown[] = [new ConnectionLost('gone'), new TypeError('bad'), 'a string', { code: 1 }];
+  const store = new MemoryStore();
+  const ops: StoreOperationEvent[] = [];
+  const engine = new Idempotency({
+    store: Object.assign(store, { acquire: () => Promise.reject(thrown.shift()) }),
+    hooks: { onStoreOperation: (e) => void ops.push(e) },
+  });
+  for (let i = 0; i < 4; i++) expect((await engine.handle(input(`f${i}`))).action).toBe('respond');
+  expect(ops.map((o) => `${o.operation}:${o.result}:${o.errorType}`)).toEqual([
+    'acquire:error:ConnectionLost',
+    'acquire:error:TypeError',
+    'acquire:error:_OTHER',
+    'acquire:error:_OTHER',
+  ]);
   await store.close();
 });
 

@@ -351,6 +351,15 @@ test("docs/observability.md's PromQL uses the names and labels the Prometheus ex
   await sleep(30);
   await first.execution.complete({ status: 201, headers: {}, body: new Uint8Array() });
   await waiting;
+  // A failed store operation, for its error.type label.
+  class Unreachable extends Error {}
+  const down = new Idempotency({
+    store: Object.assign(new MemoryStore(), {
+      acquire: () => Promise.reject(new Unreachable('down')),
+    }),
+    ...otel({ meterProvider }),
+  });
+  expect((await down.handle(input)).action).toBe('respond');
   const text = await new Promise<string>((resolve, reject) => {
     exporter.getMetricsRequestHandler(
       {} as never,
@@ -367,7 +376,11 @@ test("docs/observability.md's PromQL uses the names and labels the Prometheus ex
   const docs = readFileSync(join(__dirname, '../../../docs/observability.md'), 'utf8');
   const promql = [...docs.matchAll(/```yaml\n([\s\S]*?)```/g)].map((m) => m[1]).join('\n');
   const used = new Set([...promql.matchAll(/\b(oncely_[a-z_]+)(?=[{[])/g)].map((m) => m[1]));
-  const usedLabels = new Set([...promql.matchAll(/\b(oncely_[a-z_]+)\s*(?:=~|=|!=)/g)].map((m) => m[1]));
+  const usedLabels = new Set(
+    [...promql.matchAll(/\b((?:oncely|error)_[a-z_]+)\s*(?:=~|=|!=)/g)].map((m) => m[1]),
+  );
+  expect(usedLabels).toContain('error_type');
+  expect(text).toMatch(/error_type="Unreachable"/);
   expect(used.size).toBeGreaterThanOrEqual(2);
   for (const name of used) expect([name, series.has(name)]).toEqual([name, true]);
   for (const label of usedLabels) expect([label, labels.has(label)]).toEqual([label, true]);

@@ -51,12 +51,12 @@ export function telemetry() {
       }
       return out;
     },
-    /** `operation:result` → number of recorded durations. */
+    /** `operation:ok` or `operation:error` (a failure carries `error.type`) → number of recorded durations. */
     async storeOperations(): Promise<Record<string, number>> {
       const out: Record<string, number> = {};
       for (const p of (await metrics()).get('oncely.store.operation.duration') ?? []) {
         const a = p.attributes;
-        const id = `${a['oncely.store.operation']}:${a['oncely.store.result']}`;
+        const id = `${a['oncely.store.operation']}:${a['error.type'] === undefined ? 'ok' : 'error'}`;
         out[id] = (out[id] ?? 0) + (p.value as Histogram).count;
       }
       return out;
@@ -109,12 +109,15 @@ export function tracedRequest(
   context.with(ctx, () => handler(req, res));
 }
 
+/** What FlakyStore throws: a class of its own, to find as the failed operation's `error.type`. */
+export class StoreDownError extends Error {}
+
 /** A MemoryStore that can be told to fail its acquire or to refuse a completion (as after a lost lease). */
 export class FlakyStore extends MemoryStore {
   failAcquire = false;
   fenceComplete = false;
   override async acquire(key: string, options: AcquireOptions): Promise<AcquireResult> {
-    if (this.failAcquire) throw new Error('store unreachable');
+    if (this.failAcquire) throw new StoreDownError('store unreachable');
     return super.acquire(key, options);
   }
   override async complete(

@@ -173,10 +173,14 @@ describe.each([
     expect(ops('acquire:ok')).toBeGreaterThanOrEqual(10);
     expect(ops('complete:ok')).toBe(4); // 1, 3, 4, and 6 (refused: the store answered false)
     expect(ops('release:ok')).toBe(1);
-    // Only the operation and its result: nothing else, and never a key.
+    // The operation, and on a failure what the store threw (its class): nothing else, and never a key.
     const points = (await t.metrics()).get('oncely.store.operation.duration') ?? [];
+    const failed = points.filter((p) => p.attributes['error.type'] !== undefined);
+    expect(failed.map((p) => p.attributes)).toEqual([
+      { 'oncely.store.operation': 'acquire', 'error.type': 'StoreDownError' },
+    ]);
     for (const p of points) {
-      expect(Object.keys(p.attributes).sort()).toEqual(['oncely.store.operation', 'oncely.store.result']);
+      if (!failed.includes(p)) expect(Object.keys(p.attributes)).toEqual(['oncely.store.operation']);
     }
 
     const waits = (await t.metrics()).get('oncely.wait.duration') ?? [];
@@ -209,6 +213,10 @@ describe.each([
       expect(s.attributes['oncely.store.kind']).toBe('FlakyStore');
     }
     expect(storeSpans.some((s) => s.status.code === 2 && s.name === 'oncely.store acquire')).toBe(true);
+    // A failed operation's span says what the store threw; no other span has an error.type.
+    for (const s of storeSpans) {
+      expect(s.attributes['error.type']).toBe(s.status.code === 2 ? 'StoreDownError' : undefined);
+    }
     // A released and a fenced request say so on their span.
     const events = spans.flatMap((s) => s.events.map((e) => e.name));
     expect(events).toEqual(expect.arrayContaining(['oncely.released', 'oncely.fenced']));

@@ -41,6 +41,11 @@ export interface StoreOperationEvent {
   /** The store's class name (`MemoryStore`, `RedisStore`), or `'custom'` for an object store. */
   store: string;
   key: string;
+  /**
+   * When `result` is `'error'`: the class name of what the store threw (`ReplyError`, `TimeoutError`), or `'_OTHER'`
+   * when it has none that reads as one (OpenTelemetry's `error.type` convention: bounded by the code, not the data).
+   */
+  errorType?: string;
 }
 
 /** An execution (a handler or consumer function running under a key, or unprotected in fail-open) began or ended. */
@@ -165,18 +170,30 @@ export function observedStore<S extends IdempotencyStore>(
   // One async function per operation rather than a generic timing helper with a callback: no closure allocated per
   // call. Measured with `OTEL=on pnpm --filter @oncely/benchmarks micro first` (benchmarks/micro/engine.ts): the
   // helper (a call closure, a report closure and a .then() pair) cost ~0.3 µs more per operation.
-  const report = (operation: StoreOperation, key: string, start: number, result: 'ok' | 'error'): void =>
-    emit({ adapter, operation, result, durationMs: performance.now() - start, store: kind, key });
+  const report: Report = (operation, key, start, error) =>
+    emit(
+      error === NO_ERROR
+        ? { adapter, operation, result: 'ok', durationMs: performance.now() - start, store: kind, key }
+        : {
+            adapter,
+            operation,
+            result: 'error',
+            durationMs: performance.now() - start,
+            store: kind,
+            key,
+            errorType: errorTypeOf(error),
+          },
+    );
   const s = store as IdempotencyStore & { acquireInTransaction?: (...args: never[]) => Promise<unknown> };
   const wrapped: IdempotencyStore & Record<string, unknown> = {
     async acquire(key, options) {
       const start = performance.now();
       try {
         const result = await s.acquire(key, options);
-        report('acquire', key, start, 'ok');
+        report('acquire', key, start, NO_ERROR);
         return result;
       } catch (error) {
-        report('acquire', key, start, 'error');
+        report('acquire', key, start, error);
         throw error;
       }
     },
@@ -184,10 +201,10 @@ export function observedStore<S extends IdempotencyStore>(
       const start = performance.now();
       try {
         const result = await s.complete(key, token, response, ttlMs);
-        report('complete', key, start, 'ok');
+        report('complete', key, start, NO_ERROR);
         return result;
       } catch (error) {
-        report('complete', key, start, 'error');
+        report('complete', key, start, error);
         throw error;
       }
     },
@@ -195,10 +212,10 @@ export function observedStore<S extends IdempotencyStore>(
       const start = performance.now();
       try {
         const result = await s.release(key, token);
-        report('release', key, start, 'ok');
+        report('release', key, start, NO_ERROR);
         return result;
       } catch (error) {
-        report('release', key, start, 'error');
+        report('release', key, start, error);
         throw error;
       }
     },
@@ -206,10 +223,10 @@ export function observedStore<S extends IdempotencyStore>(
       const start = performance.now();
       try {
         const result = await s.renew(key, token, lockTimeoutMs);
-        report('renew', key, start, 'ok');
+        report('renew', key, start, NO_ERROR);
         return result;
       } catch (error) {
-        report('renew', key, start, 'error');
+        report('renew', key, start, error);
         throw error;
       }
     },
@@ -225,10 +242,10 @@ export function observedStore<S extends IdempotencyStore>(
       try {
         result = await acquireInTransaction(key, options);
       } catch (error) {
-        report('acquire', key, start, 'error');
+        report('acquire', key, start, error);
         throw error;
       }
-      report('acquire', key, start, 'ok');
+      report('acquire', key, start, NO_ERROR);
       const transaction = (result as { transaction?: StoreTransaction } | null)?.transaction;
       // In transactional mode the commit stores the response and the rollback frees the key: they are this mode's
       // complete and release, timed as such.
@@ -245,11 +262,7 @@ export function observedStore<S extends IdempotencyStore>(
 }
 
 /** The transaction as the engine calls it: `commit` timed as `complete`, `rollback` as `release`. */
-function observedTransaction(
-  t: StoreTransaction,
-  key: string,
-  report: (operation: StoreOperation, key: string, start: number, result: 'ok' | 'error') => void,
-): StoreTransaction {
+function observedTransaction(t: StoreTransaction, key: string, report: Report): StoreTransaction {
   return {
     get db() {
       return t.db;
@@ -258,10 +271,10 @@ function observedTransaction(
       const start = performance.now();
       try {
         const committed = await t.commit(response, ttlMs);
-        report('complete', key, start, 'ok');
+        report('complete', key, start, NO_ERROR);
         return committed;
       } catch (error) {
-        report('complete', key, start, 'error');
+        report('complete', key, start, error);
         throw error;
       }
     },
@@ -269,19 +282,29 @@ function observedTransaction(
       const start = performance.now();
       try {
         await t.rollback();
-        report('release', key, start, 'ok');
+        report('release', key, start, NO_ERROR);
       } catch (error) {
-        report('release', key, start, 'error');
+        report('release', key, start, error);
         throw error;
       }
     },
   };
 }
 
+/** What a timed operation's `report` is told: `NO_ERROR`, or what the store threw. */
+type Report = (operation: StoreOperation, key: string, start: number, error: unknown) => void;
+const NO_ERROR: unique symbol = Symbol('no error');
+
+/** The `errorType` of a failed store operation: the thrown value's class name, or `'_OTHER'`. */
+function errorTypeOf(error: unknown): string {
+  if (typeof error !== 'object' || error === null) return '_OTHER'; // a thrown string has no class of its own
+  const name = (error as { constructor?: { name?: unknown } }).constructor?.name;
+  return typeof name === 'string' && name !== 'Object' && CLASS_NAME.test(name) ? name : '_OTHER';
+}
+const CLASS_NAME = /^[A-Za-z][A-Za-z0-9_]{0,63}$/;
+
 /** A bounded label for a store: its class name, or `'custom'` (a plain object, an odd name). */
 export function storeKind(store: object): string {
   const name = (store.constructor as { name?: unknown } | undefined)?.name;
-  return typeof name === 'string' && name !== 'Object' && /^[A-Za-z][A-Za-z0-9_]{0,63}$/.test(name)
-    ? name
-    : 'custom';
+  return typeof name === 'string' && name !== 'Object' && CLASS_NAME.test(name) ? name : 'custom';
 }
