@@ -263,6 +263,8 @@ function buildHooks(o: Checked): IdempotencyHooks {
     }
     return attributes;
   };
+  // Spans keep the real error type (a span's attributes are not series), so the cache is what must stay bounded:
+  // past 256 combinations, attributes are made per span and not kept.
   const storeSpanAttributes = new Map<string, Attributes>();
   const storeSpanAttributesOf = (e: StoreOperationEvent): Attributes => {
     const id = `${e.adapter}\u0000${e.operation}\u0000${e.result}\u0000${e.store}\u0000${e.errorType}`;
@@ -275,7 +277,7 @@ function buildHooks(o: Checked): IdempotencyHooks {
         [ATTRIBUTES.storeKind]: e.store,
         ...(e.result === 'error' ? { [ATTRIBUTES.errorType]: e.errorType ?? '_OTHER' } : {}),
       });
-      storeSpanAttributes.set(id, attributes);
+      if (storeSpanAttributes.size < 256) storeSpanAttributes.set(id, attributes);
     }
     return attributes;
   };

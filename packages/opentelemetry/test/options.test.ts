@@ -166,3 +166,38 @@ test('several otel() on one meter provider add up (one instrument set per meter)
   expect(decisions?.dataPoints.find((p) => p.attributes['oncely.outcome'] === 'fenced')?.value).toBe(0);
   expect(decisions?.dataPoints.some((p) => p.attributes['oncely.adapter'] === 'consumer')).toBe(false);
 });
+
+test('error.type on the store histogram stays bounded: past 64 distinct classes, the rest are _OTHER', async () => {
+  const exporter = new InMemoryMetricExporter(AggregationTemporality.CUMULATIVE);
+  const reader = new PeriodicExportingMetricReader({ exporter, exportIntervalMillis: 3_600_000 });
+  const meterProvider = new MeterProvider({ readers: [reader] });
+  // A store that throws a class of its own on each acquire: 100 class names, as a badly written store could.
+  let n = 0;
+  class ThrowingStore extends MemoryStore {
+    override async acquire(): Promise<never> {
+      const name = `Failure${n++}`;
+      const Failure = { [name]: class extends Error {} }[name] as new (message: string) => Error;
+      throw new Failure('store down');
+    }
+  }
+  const store = new ThrowingStore();
+  const quiet = { debug() {}, info() {}, warn() {}, error() {} };
+  const engine = new Idempotency({ store, logger: quiet, ...otel({ meterProvider }) });
+  for (let i = 0; i < 100; i++) await engine.handle(input(`bounded-${i}`)).catch(() => undefined);
+  await reader.forceFlush();
+  const points =
+    exporter
+      .getMetrics()
+      .at(-1)
+      ?.scopeMetrics.flatMap((s) => s.metrics)
+      .find((m) => m.descriptor.name === 'oncely.store.operation.duration')?.dataPoints ?? [];
+  const types = points.map((p) => String(p.attributes['error.type']));
+  expect(new Set(types).size).toBe(types.length);
+  expect(types).toContain('Failure0');
+  expect(types).toContain('_OTHER');
+  expect(types.length).toBeLessThanOrEqual(65);
+  // Every failure is still counted.
+  const total = points.reduce((sum, p) => sum + (p.value as { count: number }).count, 0);
+  expect(total).toBe(100);
+  await store.close();
+});
