@@ -1,3 +1,5 @@
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { MemoryStore } from '@oncely/core';
 import { storeContractSuite } from '@oncely/testing';
 
@@ -99,6 +101,55 @@ describe('MemoryStore specifics', () => {
     expect(store.size).toBe(4);
     await store.close();
     await many.close();
+  });
+
+  test('a record does not keep alive the Buffer pool its body was sliced from', async () => {
+    setFlagsFromString('--expose-gc');
+    const gc = runInNewContext('gc') as () => void;
+    const text = JSON.stringify({ id: 'ch_1', amount: 4200, currency: 'eur', note: 'n'.repeat(120) });
+    // Array buffers are freed by a sweep that runs after the collection: give it a moment before reading.
+    const collected = async () => {
+      gc();
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      gc();
+      return process.memoryUsage().arrayBuffers;
+    };
+    const heldBytes = async (store: MemoryStore, records: number) => {
+      const before = await collected();
+      for (let i = 0; i < records; i++) {
+        const r = await store.acquire(`pool-${i}`, lock);
+        if (r.status !== 'acquired') throw new Error('expected a new key');
+        // As on a quiet server: the rest of each pool goes to allocations that die with their request.
+        for (let j = 0; j < 60; j++) Buffer.from(text);
+        await store.complete(
+          `pool-${i}`,
+          r.token,
+          { status: 201, headers: {}, body: Buffer.from(text) },
+          60_000,
+        );
+      }
+      return ((await collected()) - before) / records;
+    };
+    const store = new MemoryStore();
+    const perRecord = await heldBytes(store, 2_000);
+    // 8 KB per record when each keeps its pool; the body's own bytes (and the slabs' last partial one) otherwise.
+    expect(perRecord).toBeLessThan(2 * Buffer.byteLength(text));
+    const replay = await store.acquire('pool-1999', lock);
+    expect(replay.status === 'completed' && Buffer.from(replay.response.body).toString()).toBe(text);
+    // A body that owns its buffer is kept as it is, and an empty one stays empty.
+    const own = new Uint8Array(Buffer.byteLength(text));
+    const r = await store.acquire('own', lock);
+    if (r.status === 'acquired')
+      await store.complete('own', r.token, { status: 200, headers: {}, body: own }, 60_000);
+    const kept = await store.acquire('own', lock);
+    expect(kept.status === 'completed' && kept.response.body).toBe(own);
+    const e = await store.acquire('empty', lock);
+    if (e.status === 'acquired') {
+      await store.complete('empty', e.token, { status: 204, headers: {}, body: Buffer.from('') }, 60_000);
+    }
+    const empty = await store.acquire('empty', lock);
+    expect(empty.status === 'completed' && empty.response.body.byteLength).toBe(0);
+    await store.close();
   });
 
   test('options are validated with the option name in the error', () => {

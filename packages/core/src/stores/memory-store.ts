@@ -15,6 +15,9 @@ export interface MemoryStoreOptions {
   sweepInterval?: Duration;
 }
 
+/** Size of the slabs short bodies are copied into, as Node's own Buffer pool. */
+const SLAB_BYTES = 8192;
+
 interface Entry {
   key: string;
   fingerprint: string;
@@ -79,6 +82,9 @@ export class MemoryStore implements IdempotencyStore {
   readonly #waiters = new Map<string, Set<() => void>>();
   readonly #timer: NodeJS.Timeout;
   #tokens = 0;
+  // Where short bodies are copied (#ownBytes): records only, so a slab is freed once its records are.
+  #slab: Uint8Array | undefined;
+  #slabUsed = 0;
 
   constructor(options: MemoryStoreOptions = {}) {
     const maxEntries = options.maxEntries ?? 10_000;
@@ -155,7 +161,9 @@ export class MemoryStore implements IdempotencyStore {
     if (lease === undefined) return false;
     unlink(this.#leases, lease);
     lease.state = 'completed';
-    lease.response = response;
+    const body = this.#ownBytes(response.body);
+    lease.response =
+      body === response.body ? response : { status: response.status, headers: response.headers, body };
     lease.expiresAt = now + ttlMs;
     this.#completedCount++;
     append(this.#lru, lease);
@@ -163,6 +171,27 @@ export class MemoryStore implements IdempotencyStore {
     if (this.#completedCount > this.#maxEntries) this.#removeCompleted(this.#lru.oldest as Entry);
     this.#wake(key);
     return true;
+  }
+
+  /**
+   * A body that is a short view of a larger buffer (what `Buffer.from` gives for a short text: a slice of Node's
+   * 8 KB pool) would keep that whole buffer alive as long as its record, long after the pool's other users are
+   * gone: 2.0 KB held per 183-byte record with 1 record in 10 kept, 8 KB when each record's pool is otherwise
+   * garbage (a quiet server). Such bodies are copied: a short one into a slab of this store's own (about 0.13 µs
+   * per record), a longer one into a buffer of its own (about 0.5 µs, its own backing store). Node 20, 2026-11-25.
+   */
+  #ownBytes(body: Uint8Array): Uint8Array {
+    const length = body.byteLength;
+    if (body.buffer.byteLength <= 2 * length + 64) return body;
+    if (length > SLAB_BYTES / 8) return new Uint8Array(body);
+    if (this.#slab === undefined || this.#slabUsed + length > SLAB_BYTES) {
+      this.#slab = new Uint8Array(SLAB_BYTES);
+      this.#slabUsed = 0;
+    }
+    const start = this.#slabUsed;
+    this.#slab.set(body, start);
+    this.#slabUsed = start + length;
+    return this.#slab.subarray(start, start + length);
   }
 
   async release(key: string, token: string): Promise<boolean> {
