@@ -10,7 +10,7 @@ import {
   type StoredResponse,
   undoAcquire,
 } from '@oncely/core';
-import { ioredisConnection, isIoredis } from './clients/ioredis';
+import { autoPipelinesScriptsOnCluster, ioredisConnection, isIoredis } from './clients/ioredis';
 import { isNodeRedis, isNodeRedis5OrLater, nodeRedisConnection } from './clients/node-redis';
 import type { RedisConnection, ScriptArgument } from './clients/types';
 import { completedRecord, parseAcquire, parseFlag, parseGet, responseHead } from './replies';
@@ -391,7 +391,14 @@ function connectionFor(client: object): RedisConnection {
   if (client === null || typeof client !== 'object') {
     throw new TypeError('oncely/redis: option "client" must be an ioredis or node-redis client.');
   }
-  if (isIoredis(client)) return ioredisConnection(client);
+  if (isIoredis(client)) {
+    if (autoPipelinesScriptsOnCluster(client)) {
+      throw new TypeError(
+        `oncely/redis: option "client" is an ioredis Cluster with enableAutoPipelining, which sends a script call to the slot of the script's SHA instead of its key, so every call of the store would fail. Leave EVALSHA and EVAL out of auto-pipelining: new Cluster(nodes, { enableAutoPipelining: true, autoPipeliningIgnoredCommands: ['evalsha', 'eval'] }), or turn it off (coalesceWrites, on by default, already sends one write per node per event-loop turn).`,
+      );
+    }
+    return ioredisConnection(client);
+  }
   if (typeof (client as { getMasterNode?: unknown }).getMasterNode === 'function') {
     throw new TypeError(
       'oncely/redis: option "client" is a node-redis Sentinel client (createSentinel()), which RedisStore does not support yet: its commands take other arguments, and its pool cannot promise that WAIT follows the write it confirms. Use ioredis with Sentinel: new Redis({ sentinels, name }).',

@@ -92,3 +92,51 @@ describe.each([
     expect(await writesFor(false)).toEqual({ writes: 30, nodesWritten: 3 });
   });
 });
+
+describe.each([
+  ['ioredis 5', Cluster],
+  ['ioredis 6', Cluster6],
+] as const)('enableAutoPipelining on a Cluster through %s', (_name, ClusterClass) => {
+  test('is refused at construction, with the fix named, unless scripts are left out of it', async () => {
+    const client = new ClusterClass(cluster.nodes, { enableAutoPipelining: true, lazyConnect: true });
+    expect(() => new RedisStore({ client })).toThrow(/enableAutoPipelining.*autoPipeliningIgnoredCommands/);
+    const onlyOne = new ClusterClass(cluster.nodes, {
+      enableAutoPipelining: true,
+      autoPipeliningIgnoredCommands: ['evalsha'],
+      lazyConnect: true,
+    });
+    expect(() => new RedisStore({ client: onlyOne })).toThrow(/autoPipeliningIgnoredCommands/);
+    client.disconnect();
+    onlyOne.disconnect();
+  });
+
+  test("with EVALSHA and EVAL left out of auto-pipelining, one turn's calls over every slot all work", async () => {
+    const client = new ClusterClass(cluster.nodes, {
+      enableAutoPipelining: true,
+      autoPipeliningIgnoredCommands: ['evalsha', 'eval'],
+      redisOptions: { maxRetriesPerRequest: 1 },
+    });
+    const prefix = `autopipeline-${Math.random().toString(36).slice(2)}:`;
+    const store = new RedisStore({ client, prefix });
+    const lock = { fingerprint: 'f', lockTimeoutMs: 30_000 };
+    try {
+      const acquired = await Promise.all(Array.from({ length: 60 }, (_, i) => store.acquire(`k-${i}`, lock)));
+      expect(acquired.map((r) => r.status)).toEqual(Array(60).fill('acquired'));
+      const response = { status: 201, headers: {}, body: new Uint8Array([1, 2, 3]) };
+      const completed = await Promise.all(
+        acquired.map((r, i) =>
+          r.status === 'acquired' ? store.complete(`k-${i}`, r.token, response, 60_000) : false,
+        ),
+      );
+      expect(completed).toEqual(Array(60).fill(true));
+      const replays = await Promise.all(Array.from({ length: 60 }, (_, i) => store.acquire(`k-${i}`, lock)));
+      expect(replays.map((r) => r.status)).toEqual(Array(60).fill('completed'));
+      // Del through auto-pipelining (keyed by its first argument, the key) works as it is.
+      const counts = await Promise.all(client.nodes('master').map((node) => node.keys(`${prefix}*`)));
+      expect(counts.filter((keys) => keys.length > 0)).toHaveLength(3);
+    } finally {
+      await store.close();
+      await client.quit();
+    }
+  });
+});

@@ -32,6 +32,22 @@ export function isIoredis(client: object): boolean {
   return typeof c.callBuffer === 'function' && typeof c.duplicate === 'function';
 }
 
+/**
+ * An ioredis Cluster with `enableAutoPipelining` groups each command into a pipeline by the slot of its first
+ * argument, which for EVALSHA and EVAL is the script, not the key: the store's calls for keys of different slots
+ * meet in one pipeline, and every one fails ("All keys in the pipeline should belong to the same slots allocation
+ * group"; ioredis 5.9 and 6.0). Those two commands left out of auto-pipelining go by their key, and work.
+ */
+export function autoPipelinesScriptsOnCluster(client: object): boolean {
+  const redis = client as IoredisLike & {
+    options?: { enableAutoPipelining?: unknown; autoPipeliningIgnoredCommands?: unknown };
+  };
+  if (typeof redis.nodes !== 'function' || redis.options?.enableAutoPipelining !== true) return false;
+  const ignored = redis.options.autoPipeliningIgnoredCommands;
+  // Compared as ioredis compares them: lower-case command names.
+  return !(Array.isArray(ignored) && ignored.includes('evalsha') && ignored.includes('eval'));
+}
+
 export function ioredisConnection(client: object): RedisConnection {
   const redis = client as IoredisLike;
   return {
