@@ -23,13 +23,20 @@ declare global {
 /** Options of the Express middleware: the shared options (contract §2); `scope` and `fingerprint` get the Express request. */
 export type ExpressIdempotencyOptions = IdempotencyOptions<Request>;
 
-// Symbol.for, so that two copies of this package in one app still see each other's state.
+// Symbol.for, so that two copies of this package in one app still see each other's state. Copies of different
+// versions may meet (a duplicated dependency): the states map and the request accessors are shared by every version,
+// and what they rely on never changes (a response in the map is held by some copy, which every other copy leaves
+// alone; `state.context` is what the accessors read). Everything else carries the version of its shape, PROTOCOL:
+// a copy of another shape installs its own dispatch and Layer patch beside these and ignores states not its own.
+const PROTOCOL = 2;
 const kStates = Symbol.for('oncely.express.states');
-const kLayerPatched = Symbol.for('oncely.express.layerPatched');
+const kLayerPatched = Symbol.for(`oncely.express.layerPatched.v${PROTOCOL}`);
 
 interface RequestState {
+  /** The shape of this state and its capture (PROTOCOL of the copy that made it). */
+  readonly protocol: number;
   execution: Execution;
-  /** What `req.idempotency` reads. */
+  /** What `req.idempotency` reads; its `key` is what `req.idempotencyKey` reads. Stable across versions. */
   context: IdempotencyContext;
   /** An error a later handler passed on (seen through the patched Layer): the key is released. */
   error: unknown;
@@ -93,15 +100,16 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
         const { execution } = decision;
         execution.headersBeforeHandler(res.getHeaders());
         const context: IdempotencyContext = { key: execution.clientKey, db: execution.db };
-        const state: RequestState = { execution, context, error: undefined, capture: undefined };
+        const state: RequestState = {
+          protocol: PROTOCOL,
+          execution,
+          context,
+          error: undefined,
+          capture: undefined,
+        };
         states.set(res, state);
         // The accessors on IncomingMessage.prototype read the state through `req.res`; anything else gets properties.
-        if (
-          req.res !== res ||
-          !(req instanceof IncomingMessage) ||
-          Object.hasOwn(req, 'idempotencyKey') ||
-          Object.hasOwn(req, 'idempotency')
-        ) {
+        if (req.res !== res || !(req instanceof IncomingMessage) || shadowsAccessors(req)) {
           req.idempotencyKey = execution.clientKey;
           req.idempotency = context;
         }
@@ -134,7 +142,7 @@ export default idempotency;
  * released when that response ends, instead of the response being stored. Returns whether oncely covers `res`.
  */
 export function noteHandlerError(res: Response, error: unknown): boolean {
-  const state = states.get(res);
+  const state = ownState(res);
   if (state === undefined) return false;
   // An `undefined` thrown would not read as an error: note one.
   if (state.error === undefined) state.error = error ?? new Error('the handler failed');
@@ -148,10 +156,31 @@ export function noteHandlerError(res: Response, error: unknown): boolean {
  * whether oncely covers `res`.
  */
 export function noteHandlerAbandoned(res: Response): boolean {
-  const state = states.get(res);
+  const state = ownState(res);
   if (state === undefined) return false;
   if (state.capture?.ended !== true) state.execution.abandon();
   return true;
+}
+
+/** The state of a response this version covers (a copy of another shape may hold it: that one is left alone). */
+function ownState(res: Response): RequestState | undefined {
+  const state = states.get(res);
+  return state?.protocol === PROTOCOL ? state : undefined;
+}
+
+/**
+ * Whether something between a request and IncomingMessage.prototype (the request itself, an app's or Express's
+ * request prototype) has its own `idempotencyKey` or `idempotency`, which would hide the accessors.
+ */
+function shadowsAccessors(req: Request): boolean {
+  for (
+    let o: object | null = req;
+    o !== null && o !== IncomingMessage.prototype;
+    o = Object.getPrototypeOf(o)
+  ) {
+    if (Object.hasOwn(o, 'idempotencyKey') || Object.hasOwn(o, 'idempotency')) return true;
+  }
+  return false;
 }
 
 function send(res: Response, response: StoredResponse): void {
@@ -363,7 +392,7 @@ interface ResponseHooks {
   /** What oncely put on ServerResponse.prototype in their place. */
   readonly dispatch: Readonly<Record<Method, AnyMethod>>;
 }
-const kResponseHooks = Symbol.for('oncely.express.responseHooks');
+const kResponseHooks = Symbol.for(`oncely.express.responseHooks.v${PROTOCOL}`);
 const kRequestAccessors = Symbol.for('oncely.express.requestAccessors');
 
 /**
@@ -380,21 +409,21 @@ function installPrototypeHooks(): ResponseHooks {
   let hooks = responsePrototype[kResponseHooks];
   if (hooks === undefined) {
     const original = {
-      write: responsePrototype.write,
-      end: responsePrototype.end,
-      writeHead: responsePrototype.writeHead,
+      write: inheritedOr(responsePrototype, 'write'),
+      end: inheritedOr(responsePrototype, 'end'),
+      writeHead: inheritedOr(responsePrototype, 'writeHead'),
     };
     const dispatch = {
       write: function write(this: Response, ...args: unknown[]): unknown {
-        const capture = states.get(this)?.capture;
+        const capture = ownState(this)?.capture;
         return capture?.intercepts('write') ? capture.write(this, args) : original.write.apply(this, args);
       },
       end: function end(this: Response, ...args: unknown[]): unknown {
-        const capture = states.get(this)?.capture;
+        const capture = ownState(this)?.capture;
         return capture?.intercepts('end') ? capture.end(this, args) : original.end.apply(this, args);
       },
       writeHead: function writeHead(this: Response, ...args: unknown[]): unknown {
-        const capture = states.get(this)?.capture;
+        const capture = ownState(this)?.capture;
         return capture?.intercepts('writeHead')
           ? capture.writeHead(this, args)
           : original.writeHead.apply(this, args);
@@ -428,7 +457,7 @@ function installPrototypeHooks(): ResponseHooks {
     Object.defineProperty(
       requestPrototype,
       'idempotencyKey',
-      accessor('idempotencyKey', (state) => state.execution.clientKey),
+      accessor('idempotencyKey', (state) => state.context.key),
     );
     Object.defineProperty(
       requestPrototype,
@@ -437,6 +466,20 @@ function installPrototypeHooks(): ResponseHooks {
     );
   }
   return hooks;
+}
+
+/**
+ * What the dispatch passes a call on to: ServerResponse.prototype's own method when it has one (`writeHead`; or
+ * whatever an earlier instrumentation put there), else its parent's method looked up at each call (`write` and
+ * `end` live on OutgoingMessage.prototype), so that what an APM or a test library puts there later still runs for
+ * every response, covered or not.
+ */
+function inheritedOr(prototype: Record<Method, AnyMethod>, method: Method): AnyMethod {
+  if (Object.hasOwn(prototype, method)) return prototype[method];
+  const parent = Object.getPrototypeOf(prototype) as Record<Method, AnyMethod>;
+  return function inherited(this: Response, ...args: unknown[]): unknown {
+    return parent[method].apply(this, args);
+  };
 }
 
 interface LayerPrototype {
@@ -454,8 +497,11 @@ type LayerHandle = (this: unknown, req: Request, res: Response, next: NextFuncti
  * does not cover pass through untouched.
  */
 function patchLayer(req: Request): void {
-  const app = req.app as unknown as { _router?: { stack?: object[] }; router?: { stack?: object[] } };
-  const stack = app._router?.stack ?? app.router?.stack;
+  // `req.app` is missing when a Router is mounted on a plain http server: nothing to patch there.
+  const app = req.app as unknown as
+    | { _router?: { stack?: object[] }; router?: { stack?: object[] } }
+    | undefined;
+  const stack = app?._router?.stack ?? app?.router?.stack;
   const layer = stack?.[0];
   if (layer === undefined) return;
   const proto = Object.getPrototypeOf(layer) as LayerPrototype;
@@ -470,7 +516,7 @@ function patchLayer(req: Request): void {
       res: Response,
       next: NextFunction,
     ) {
-      const state = states.get(res);
+      const state = ownState(res);
       if (state === undefined) return original.call(this, req, res, next);
       const observed = ((error?: unknown) => {
         if (

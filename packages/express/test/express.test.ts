@@ -1,4 +1,4 @@
-import { ServerResponse } from 'node:http';
+import { createServer, OutgoingMessage, ServerResponse } from 'node:http';
 import { Readable } from 'node:stream';
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
 import { recordingLogger } from '@oncely/testing';
@@ -365,7 +365,7 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
       // Node's own methods, as they were before oncely put its dispatch on ServerResponse.prototype (kept beside it):
       // oncely never sees the answer.
       const hooks = (ServerResponse.prototype as unknown as Record<symbol, NodeMethods>)[
-        Symbol.for('oncely.express.responseHooks')
+        Symbol.for('oncely.express.responseHooks.v2')
       ] as NodeMethods;
       hooks.original.writeHead.call(res, 200);
       hooks.original.end.call(res, 'raw');
@@ -427,6 +427,103 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
     expect(replay.headers['idempotent-replayed']).toBe('true');
     expect(replay.body).toEqual({ run: 1 });
     expect(keys).toEqual(['mix']);
+  });
+});
+
+describe.each(versions)('%s beside other code in the process', (_name, expressModule) => {
+  test('a patch put on OutgoingMessage.prototype after oncely installed still runs for every response', async () => {
+    idempotency(); // installs the dispatch on ServerResponse.prototype, if no earlier test did
+    const seen: string[] = [];
+    const previous = OutgoingMessage.prototype.end;
+    // As an APM or a test library does, after the app was built.
+    OutgoingMessage.prototype.end = function (this: OutgoingMessage, ...args: unknown[]) {
+      if (this instanceof ServerResponse) seen.push(this.req.url ?? '');
+      return (previous as (...a: unknown[]) => unknown).apply(this, args);
+    } as typeof previous;
+    try {
+      const covered = expressModule();
+      covered.use(expressModule.json());
+      covered.use(idempotency());
+      covered.post('/covered', (_req, res) => void res.status(201).json({ ok: true }));
+      const plain = expressModule();
+      plain.get('/plain', (_req, res) => void res.send('plain'));
+      const server = createServer((_req, res) => res.end('node'));
+      await request(covered).post('/covered').set('Idempotency-Key', 'apm-1').send({}).expect(201);
+      const replay = await request(covered).post('/covered').set('Idempotency-Key', 'apm-1').send({});
+      expect(replay.headers['idempotent-replayed']).toBe('true');
+      await request(plain).get('/plain').expect(200, 'plain');
+      await request(server).get('/node').expect(200, 'node');
+      expect(seen).toEqual(['/covered', '/covered', '/plain', '/node']);
+    } finally {
+      OutgoingMessage.prototype.end = previous;
+    }
+  });
+
+  test("a value on the app's request prototype does not hide the key from the handler", async () => {
+    const app = expressModule();
+    (app.request as unknown as Record<string, unknown>).idempotencyKey = undefined;
+    app.use(expressModule.json());
+    app.use(idempotency());
+    const keys: unknown[] = [];
+    app.post('/shadowed', (req, res) => {
+      keys.push(req.idempotencyKey, req.idempotency?.key);
+      res.status(201).json({ ok: true });
+    });
+    await request(app).post('/shadowed').set('Idempotency-Key', 's9').send({}).expect(201);
+    expect(keys).toEqual(['s9', 's9']);
+  });
+
+  test('a Router mounted on a plain http server, without an app: covered and replayed', async () => {
+    const router = expressModule.Router();
+    router.use(expressModule.json());
+    router.use(idempotency());
+    let runs = 0;
+    // No app, so no Express helpers on req and res: Node's own methods.
+    router.post('/charges', (_req, res) => {
+      res.statusCode = 201;
+      res.setHeader('content-type', 'application/json');
+      res.end(JSON.stringify({ run: ++runs }));
+    });
+    const server = createServer((req, res) =>
+      router(req as express.Request, res as express.Response, (error?: unknown) => {
+        res.statusCode = error === undefined ? 404 : 500;
+        res.end(String(error instanceof Error ? error.stack : error));
+      }),
+    );
+    const first = await request(server).post('/charges').set('Idempotency-Key', 'r1').send({});
+    expect(first.status).toBe(201);
+    expect(first.body).toEqual({ run: 1 });
+    const replay = await request(server).post('/charges').set('Idempotency-Key', 'r1').send({});
+    expect(replay.status).toBe(201);
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(runs).toBe(1);
+  });
+
+  test('a request another version of this package holds is left to it; its key still reads', async () => {
+    // What a copy of another shape leaves in the map every version shares: a state this version must not use.
+    const shared = (ServerResponse.prototype as unknown as Record<symbol, WeakMap<object, unknown>>)[
+      Symbol.for('oncely.express.states')
+    ] as WeakMap<object, unknown>;
+    const app = expressModule();
+    app.use(expressModule.json());
+    app.use((_req, res, next) => {
+      shared.set(res, { protocol: 1, context: { key: 'held-elsewhere' }, capture: { shape: 'unknown' } });
+      next();
+    });
+    app.use(idempotency());
+    let runs = 0;
+    app.post('/elsewhere', (req, res) => {
+      runs++;
+      res.status(201).json({ key: req.idempotencyKey });
+    });
+    for (let i = 0; i < 2; i++) {
+      await request(app)
+        .post('/elsewhere')
+        .set('Idempotency-Key', 'v1')
+        .send({})
+        .expect(201, { key: 'held-elsewhere' });
+    }
+    expect(runs).toBe(2);
   });
 });
 
