@@ -64,20 +64,53 @@ test('onDecision, onStoreOperation and onExecutionStart/End report one request',
 
 test("a failed store operation's event names what the store threw: its class, or _OTHER", async () => {
   class ConnectionLost extends Error {}
-  const thrown: unknown[] = [new ConnectionLost('gone'), new TypeError('bad'), 'a string', { code: 1 }];
+  const hostile = new Proxy(
+    {},
+    {
+      getPrototypeOf() {
+        throw new Error('trap');
+      },
+    },
+  );
+  const throwingGetter = Object.create({
+    get constructor() {
+      throw new Error('getter');
+    },
+  });
+  const thrown: unknown[] = [
+    new ConnectionLost('gone'),
+    new TypeError('bad'),
+    'a string',
+    { code: 1 },
+    // Data, not a class: an own `constructor` (a parsed JSON body thrown as it is) never becomes the label.
+    JSON.parse('{"constructor":{"name":"UserSecret"}}'),
+    hostile,
+    throwingGetter,
+  ];
+  const errors: unknown[] = [];
   const store = new MemoryStore();
   const ops: StoreOperationEvent[] = [];
   const engine = new Idempotency({
     store: Object.assign(store, { acquire: () => Promise.reject(thrown.shift()) }),
-    hooks: { onStoreOperation: (e) => void ops.push(e) },
+    hooks: {
+      onStoreOperation: (e) => void ops.push(e),
+      onStoreError: (e) => void errors.push(e.error),
+    },
   });
-  for (let i = 0; i < 4; i++) expect((await engine.handle(input(`f${i}`))).action).toBe('respond');
+  const expectedErrors = [...thrown];
+  for (let i = 0; i < 7; i++) expect((await engine.handle(input(`f${i}`))).action).toBe('respond');
   expect(ops.map((o) => `${o.operation}:${o.result}:${o.errorType}`)).toEqual([
     'acquire:error:ConnectionLost',
     'acquire:error:TypeError',
     'acquire:error:_OTHER',
     'acquire:error:_OTHER',
+    'acquire:error:_OTHER',
+    'acquire:error:_OTHER',
+    'acquire:error:_OTHER',
   ]);
+  // What the store threw is what the hooks see, whatever reading its class did.
+  expect(errors).toHaveLength(7);
+  for (const [i, error] of errors.entries()) expect(error).toBe(expectedErrors[i]);
   await store.close();
 });
 

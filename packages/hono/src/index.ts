@@ -66,7 +66,9 @@ export function idempotency<E extends Env = Env>(
         // Hono turned an error of the handler into c.res through onError: send that, and release the key.
         if (c.error !== undefined) return new HandlerFailure(c.error, c.res);
         const res = c.res;
-        return known.response === res && known.body !== undefined ? new KnownBody(res, known.body) : res;
+        if (known.response !== res || known.body === undefined) return res;
+        // Copied now, as the response is about to go out: later changes to the handler's buffer reach neither.
+        return new KnownBody(res, known.borrowed ? new Uint8Array(known.body) : known.body);
       },
     );
     if (!ran) return response; // a replay or a problem: Hono sends what the middleware returns
@@ -106,39 +108,50 @@ const utf8: (text: string) => Uint8Array =
  * Notes the body a handler gives `c.json`, `c.text` or `c.body` as text or bytes, with the Response made of it.
  * When that Response is the one sent, its bytes are stored without reading its stream: on @hono/node-server a
  * Response made from a string is written straight to the socket, and reading its stream first builds an undici
- * Response and two web streams (most of oncely's cost per request on Hono, docs/benchmarks.md).
+ * Response and two web streams (most of oncely's cost per request on Hono, docs/benchmarks.md). Anything else (a
+ * stream, a value that is not text) leaves the body unknown, and its stream is read as for any Response.
  */
-function watchBody(c: Context): { response: Response | undefined; body: Uint8Array | undefined } {
-  const known: { response: Response | undefined; body: Uint8Array | undefined } = {
-    response: undefined,
-    body: undefined,
-  };
-  const note = (response: Response, body: Uint8Array | undefined): Response => {
+function watchBody(c: Context): KnownResponse {
+  const known: KnownResponse = { response: undefined, body: undefined, borrowed: false };
+  const note = (response: Response, body: Uint8Array | undefined, borrowed: boolean): Response => {
     known.response = response;
     known.body = body;
+    known.borrowed = borrowed;
     return response;
   };
   const { json, text, body } = c;
-  c.json = ((object: unknown, ...rest: unknown[]) =>
-    // Stringified here too, at the same moment, so the stored bytes are the ones sent.
+  c.json = ((object: unknown, ...rest: unknown[]) => {
+    // Stringified once: Hono's json gets a snapshot parsed from this very text, whose serialisation is the same
+    // text, so a toJSON or getter that answers differently each time cannot make the stored bytes differ from
+    // those sent. undefined (c.json(undefined), a function) has no text: Hono's answer is read as it is.
+    const textOf = JSON.stringify(object);
+    if (textOf === undefined)
+      return note((json as (...a: unknown[]) => Response)(object, ...rest), undefined, false);
+    return note((json as (...a: unknown[]) => Response)(JSON.parse(textOf), ...rest), utf8(textOf), false);
+  }) as typeof c.json;
+  c.text = ((value: unknown, ...rest: unknown[]) =>
     note(
-      (json as (...a: unknown[]) => Response)(object, ...rest),
-      utf8(JSON.stringify(object)),
-    )) as typeof c.json;
-  c.text = ((value: string, ...rest: unknown[]) =>
-    note((text as (...a: unknown[]) => Response)(value, ...rest), utf8(value))) as typeof c.text;
-  c.body = ((data: unknown, ...rest: unknown[]) =>
-    note(
-      (body as (...a: unknown[]) => Response)(data, ...rest),
-      typeof data === 'string'
-        ? utf8(data)
-        : data instanceof Uint8Array
-          ? data
-          : data instanceof ArrayBuffer
-            ? new Uint8Array(data)
-            : data === null
-              ? new Uint8Array(0)
-              : undefined,
-    )) as typeof c.body;
+      (text as (...a: unknown[]) => Response)(value, ...rest),
+      typeof value === 'string' ? utf8(value) : undefined,
+      false,
+    )) as typeof c.text;
+  c.body = ((data: unknown, ...rest: unknown[]) => {
+    const response = (body as (...a: unknown[]) => Response)(data, ...rest);
+    if (typeof data === 'string') return note(response, utf8(data), false);
+    if (data === null) return note(response, EMPTY, false);
+    // The handler's own bytes: copied when stored (below), since it may reuse the buffer afterwards.
+    if (data instanceof Uint8Array) return note(response, data, true);
+    if (data instanceof ArrayBuffer) return note(response, new Uint8Array(data), true);
+    return note(response, undefined, false);
+  }) as typeof c.body;
   return known;
 }
+
+interface KnownResponse {
+  response: Response | undefined;
+  body: Uint8Array | undefined;
+  /** The body is the handler's buffer, not bytes made here: to be copied before it is stored. */
+  borrowed: boolean;
+}
+
+const EMPTY = new Uint8Array(0);

@@ -107,6 +107,56 @@ describe('@oncely/hono specifics', () => {
     expect(((await plain.json()) as { text: string }).text).toHaveLength(2000);
   });
 
+  test('what c.json, c.text and c.body were given is stored as it was sent, whatever happens to it after', async () => {
+    const app = new Hono();
+    app.use(idempotency());
+    const runs: Record<string, number> = {};
+    const run = (name: string) => {
+      runs[name] = (runs[name] ?? 0) + 1;
+    };
+    // A toJSON that answers differently each time it is asked.
+    let n = 0;
+    app.post('/changing', (c) => {
+      run('changing');
+      return c.json({ v: { toJSON: () => ++n } }, 201);
+    });
+    // Values with no JSON text, or not text: Hono answers them, and so must a replay.
+    app.post('/undefined', (c) => {
+      run('undefined');
+      return c.json(undefined as unknown as object);
+    });
+    app.post('/number', (c) => {
+      run('number');
+      return c.text(42 as unknown as string);
+    });
+    // The handler's own buffer, reused once the request is over.
+    const shared = new Uint8Array(16).fill(65);
+    const sharedArray = new ArrayBuffer(8);
+    app.post('/bytes', (c) => {
+      run('bytes');
+      return c.body(shared);
+    });
+    app.post('/array-buffer', (c) => {
+      run('arrayBuffer');
+      return c.body(sharedArray);
+    });
+    for (const path of ['/changing', '/undefined', '/number', '/bytes', '/array-buffer']) {
+      const first = await post(app, path, `own-${path}`);
+      const sent = new Uint8Array(await first.arrayBuffer());
+      shared.fill(66);
+      new Uint8Array(sharedArray).fill(7);
+      const replay = await post(app, path, `own-${path}`);
+      expect([path, replay.status, replay.headers.get('idempotent-replayed')]).toEqual([
+        path,
+        first.status,
+        'true',
+      ]);
+      expect([path, new Uint8Array(await replay.arrayBuffer())]).toEqual([path, sent]);
+      expect(replay.headers.get('content-type')).toBe(first.headers.get('content-type'));
+    }
+    expect(runs).toEqual({ changing: 1, undefined: 1, number: 1, bytes: 1, arrayBuffer: 1 });
+  });
+
   test('options are checked once, when the middleware is made', () => {
     expect(() => idempotency({ lockTimeout: -1 })).toThrow(IdempotencyOptionsError);
   });

@@ -298,8 +298,14 @@ const NO_ERROR: unique symbol = Symbol('no error');
 /** The `errorType` of a failed store operation: the thrown value's class name, or `'_OTHER'`. */
 function errorTypeOf(error: unknown): string {
   if (typeof error !== 'object' || error === null) return '_OTHER'; // a thrown string has no class of its own
-  const name = (error as { constructor?: { name?: unknown } }).constructor?.name;
-  return typeof name === 'string' && name !== 'Object' && CLASS_NAME.test(name) ? name : '_OTHER';
+  try {
+    // The class, read from the prototype: an own `constructor` property (a thrown parsed JSON object) is data.
+    const name = (Object.getPrototypeOf(error) as { constructor?: { name?: unknown } } | null)?.constructor?.name;
+    return typeof name === 'string' && name !== 'Object' && CLASS_NAME.test(name) ? name : '_OTHER';
+  } catch {
+    // A Proxy or a getter that throws: the store's own error must still be reported, and rethrown as it was.
+    return '_OTHER';
+  }
 }
 const CLASS_NAME = /^[A-Za-z][A-Za-z0-9_]{0,63}$/;
 
