@@ -300,7 +300,8 @@ function errorTypeOf(error: unknown): string {
   if (typeof error !== 'object' || error === null) return '_OTHER'; // a thrown string has no class of its own
   try {
     // The class, read from the prototype: an own `constructor` property (a thrown parsed JSON object) is data.
-    const name = (Object.getPrototypeOf(error) as { constructor?: { name?: unknown } } | null)?.constructor?.name;
+    const prototype = Object.getPrototypeOf(error) as { constructor?: { name?: unknown } } | null;
+    const name = prototype?.constructor?.name;
     return typeof name === 'string' && name !== 'Object' && CLASS_NAME.test(name) ? name : '_OTHER';
   } catch {
     // A Proxy or a getter that throws: the store's own error must still be reported, and rethrown as it was.
