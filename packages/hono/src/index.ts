@@ -119,24 +119,23 @@ function watchBody(c: Context): KnownResponse {
     known.borrowed = borrowed;
     return response;
   };
-  const { json, text, body } = c;
+  // Hono's own methods, called as they are; typed loosely, since each is overloaded.
+  const { json, text, body } = c as unknown as Record<
+    'json' | 'text' | 'body',
+    (...a: unknown[]) => Response
+  >;
   c.json = ((object: unknown, ...rest: unknown[]) => {
     // Stringified once: Hono's json gets a snapshot parsed from this very text, whose serialisation is the same
     // text, so a toJSON or getter that answers differently each time cannot make the stored bytes differ from
     // those sent. undefined (c.json(undefined), a function) has no text: Hono's answer is read as it is.
     const textOf = JSON.stringify(object);
-    if (textOf === undefined)
-      return note((json as (...a: unknown[]) => Response)(object, ...rest), undefined, false);
-    return note((json as (...a: unknown[]) => Response)(JSON.parse(textOf), ...rest), utf8(textOf), false);
+    if (textOf === undefined) return note(json(object, ...rest), undefined, false);
+    return note(json(JSON.parse(textOf), ...rest), utf8(textOf), false);
   }) as typeof c.json;
   c.text = ((value: unknown, ...rest: unknown[]) =>
-    note(
-      (text as (...a: unknown[]) => Response)(value, ...rest),
-      typeof value === 'string' ? utf8(value) : undefined,
-      false,
-    )) as typeof c.text;
+    note(text(value, ...rest), typeof value === 'string' ? utf8(value) : undefined, false)) as typeof c.text;
   c.body = ((data: unknown, ...rest: unknown[]) => {
-    const response = (body as (...a: unknown[]) => Response)(data, ...rest);
+    const response = body(data, ...rest);
     if (typeof data === 'string') return note(response, utf8(data), false);
     if (data === null) return note(response, EMPTY, false);
     // The handler's own bytes: copied when stored (below), since it may reuse the buffer afterwards.
