@@ -1,7 +1,8 @@
-// Redis's own CPU per store operation, for RedisStore's record layout against the hash layout before it and against
-// the floor (src/floor.ts: its reserve-or-read script, then a plain SET PX of the response): a private
-// redis-server (so no other client's commands count), the scripts of each layout sent by EVALSHA over one ioredis
-// client with auto-pipelining (one write per event-loop turn for both), 32 in flight, 20,000 operations per phase,
+// Redis's own CPU per store operation, for RedisStore as it is (`store`: acquire by `SET ... NX GET`, complete by
+// script), as it was (`script`: the same string layout, acquire by script, before 2026-11-25; `hash`: the hash
+// layout before 2026-11-24) and the floor (src/floor.ts: its reserve-or-read script, then a plain SET PX of the
+// response): a private redis-server (so no other client's commands count), the commands each sends, over one
+// ioredis client with auto-pipelining (one write per event-loop turn for all), 32 in flight, 20,000 operations per phase,
 // the redis-server process's CPU time (user + system, /proc) read around each phase; 5 rounds, alternating.
 // `node --conditions=@oncely/source --import tsx micro/redis-cpu.ts` in benchmarks/.
 import { randomUUID } from 'node:crypto';
@@ -41,11 +42,17 @@ const first = {
     const args = [token, 201, JSON.stringify(headers), body, ttl, 'h:completed'];
     await client.evalsha(hash.complete, 1, `h:${key}`, ...args);
   },
-  string: async (key: string) => {
+  script: async (key: string) => {
     const token = randomUUID();
     await client.evalsha(string.acquire, 1, `s:${key}`, fingerprint, 30_000, token);
     const args = [token, responseHead({ status: 201, headers, body }), body, ttl, 's:completed'];
     await client.evalsha(string.complete, 1, `s:${key}`, ...args);
+  },
+  store: async (key: string) => {
+    const token = randomUUID();
+    await client.setBuffer(`g:${key}`, `p${token}${fingerprint}`, 'PX', 30_000, 'NX', 'GET');
+    const args = [token, responseHead({ status: 201, headers, body }), body, ttl, 'g:completed'];
+    await client.evalsha(string.complete, 1, `g:${key}`, ...args);
   },
   floor: async (key: string) => {
     await client.evalsha(floorReserve, 1, `f:${key}`, 'p', 30_000);
@@ -55,13 +62,16 @@ const first = {
 };
 const replay = {
   hash: (key: string) => client.evalsha(hash.acquire, 1, `h:${key}`, fingerprint, 30_000, randomUUID()),
-  string: (key: string) => client.evalsha(string.acquire, 1, `s:${key}`, fingerprint, 30_000, randomUUID()),
+  script: (key: string) => client.evalsha(string.acquire, 1, `s:${key}`, fingerprint, 30_000, randomUUID()),
+  store: (key: string) =>
+    client.setBuffer(`g:${key}`, `p${randomUUID()}${fingerprint}`, 'PX', 30_000, 'NX', 'GET'),
   floor: (key: string) => client.evalsha(floorReserve, 1, `f:${key}`, 'p', 30_000),
 };
 for (let i = 0; i < 100; i++) {
   await first.hash(`warm${i}`);
-  await first.string(`warm${i}`);
+  await first.script(`warm${i}`);
   await first.floor(`warm${i}`);
+  await first.store(`warm${i}`);
 }
 
 let n = 0;
@@ -78,7 +88,7 @@ async function phase(operation: (key: string) => Promise<unknown>, keyOf: (i: nu
 
 const results: Record<string, number[]> = {};
 for (let round = 0; round < ROUNDS; round++) {
-  const layouts = ['hash', 'string', 'floor'] as const;
+  const layouts = ['hash', 'script', 'store', 'floor'] as const;
   // Rotated every round, so no layout always follows the same one.
   for (const layout of layouts.map(
     (_, i) => layouts[(i + round) % layouts.length] as (typeof layouts)[number],

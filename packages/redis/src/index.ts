@@ -13,7 +13,7 @@ import {
 import { autoPipelinesScriptsOnCluster, ioredisConnection, isIoredis } from './clients/ioredis';
 import { isNodeRedis, isNodeRedis5OrLater, nodeRedisConnection } from './clients/node-redis';
 import type { RedisConnection, ScriptArgument } from './clients/types';
-import { completedRecord, parseAcquire, parseFlag, parseGet, responseHead } from './replies';
+import { completedRecord, parseAcquire, parseFlag, parseGet, parseReserve, responseHead } from './replies';
 import { SCRIPTS, type Script } from './scripts';
 
 /**
@@ -90,9 +90,10 @@ export class RedisReplicationError extends Error {
 
 /**
  * A store on Redis (standalone or Cluster, through ioredis or node-redis). A record is one string (`scripts.ts`
- * has the layout, and how records of the earlier hash layout are still read). Each step is one Lua script call: a
- * replay costs one round trip, a first execution two (acquire, complete) plus a renewal per third of
- * `lockTimeout` while the handler runs. Scripts are sent by SHA and loaded on first use (or after a restart:
+ * has the layout, and how records of the earlier hash layout are still read). Each step is one command: acquire a
+ * `SET ... NX GET` where the key is free or completed (the acquire script where a lease holds it), the others a Lua
+ * script call. A replay costs one round trip, a first execution two (acquire, complete) plus a renewal per third
+ * of `lockTimeout` while the handler runs. Scripts are sent by SHA and loaded on first use (or after a restart:
  * NOSCRIPT falls back to EVAL, which caches).
  */
 export class RedisStore implements IdempotencyStore {
@@ -106,6 +107,8 @@ export class RedisStore implements IdempotencyStore {
   readonly #coalesce: boolean;
   readonly #replication: { replicas: number; timeoutMs: number } | undefined;
   #pendingConfirmation: Promise<number> | undefined;
+  /** False once the server refused `SET ... NX GET` as a syntax error (Redis before 7.0): acquire runs the script. */
+  #reserveWithSet = true;
   /** The connections corked in this event-loop turn (one, or a Cluster's), until `setImmediate` uncorks them. */
   #corked: readonly Socket[] | undefined;
   readonly #uncork = (): void => {
@@ -134,12 +137,18 @@ export class RedisStore implements IdempotencyStore {
 
   async acquire(key: string, { fingerprint, lockTimeoutMs }: AcquireOptions): Promise<AcquireResult> {
     const token = randomUUID();
-    const args = [fingerprint, lockTimeoutMs, token];
     let reply: unknown;
     let confirmation: Promise<number> | undefined;
     try {
-      if (this.#replication === undefined) reply = await this.#run(SCRIPTS.acquire, key, args);
-      else [reply, confirmation] = await this.#runConfirmed(SCRIPTS.acquire, key, args, this.#replication);
+      if (this.#reserveWithSet)
+        [reply, confirmation] = await this.#reserve(key, token, fingerprint, lockTimeoutMs);
+      // A live lease (its remaining time is in the script's reply only), a hash-layout record, or a server that
+      // refused the SET: the script decides, atomically, as it did before the fast path.
+      if (reply === undefined) {
+        const args = [fingerprint, lockTimeoutMs, token];
+        if (this.#replication === undefined) reply = await this.#run(SCRIPTS.acquire, key, args);
+        else [reply, confirmation] = await this.#runConfirmed(SCRIPTS.acquire, key, args, this.#replication);
+      }
     } catch (error) {
       this.#undoAcquire(key, token, lockTimeoutMs);
       throw error;
@@ -279,6 +288,34 @@ export class RedisStore implements IdempotencyStore {
     }
   }
 
+  /**
+   * Acquire's fast path, without a script: `SET key record PX lockTimeout NX GET` reserves a free key or reads a
+   * completed record, in one command that costs Redis less than half of the script's CPU (docs/stores/redis.md).
+   * Resolves the script's reply for those two cases, or undefined where the script must decide: a live lease (the
+   * script also reports its remaining time), or an error reply (a hash-layout record's WRONGTYPE; OOM,
+   * NOREPLICAS or READONLY, under which the script still answers a replay, since it only reads then). An error
+   * that is not Redis's reply (a timeout, a closed connection) is thrown: the SET may have run.
+   */
+  async #reserve(
+    key: string,
+    token: string,
+    fingerprint: string,
+    lockTimeoutMs: number,
+  ): Promise<[unknown, Promise<number> | undefined]> {
+    const redisKey = this.#prefix + key;
+    if (this.#coalesce && this.#corked === undefined) this.#cork();
+    // The in-progress record, byte for byte as the acquire script writes it.
+    const sent = this.#connection.reserve(redisKey, `p${token}${fingerprint}`, lockTimeoutMs);
+    const confirmation = this.#replication === undefined ? undefined : this.#confirmation(this.#replication);
+    try {
+      return [parseReserve(await sent), confirmation];
+    } catch (error) {
+      if (!(error instanceof Error) || !SERVER_ERROR.test(error.message)) throw error;
+      if (error.message.startsWith('ERR syntax error')) this.#reserveWithSet = false;
+      return [undefined, undefined];
+    }
+  }
+
   /** The WAIT of this event-loop turn, issued (once) after the turn's script calls; see `#runConfirmed`. */
   #confirmation(replication: { replicas: number; timeoutMs: number }): Promise<number> {
     let pending = this.#pendingConfirmation;
@@ -351,6 +388,9 @@ export class RedisStore implements IdempotencyStore {
     }
   }
 }
+
+/** An error reply of Redis itself: its message starts with an upper-case code (ERR, WRONGTYPE, OOM, ...). */
+const SERVER_ERROR = /^[A-Z][A-Z_]+ /;
 
 function checkWaitForReplicas(
   value: RedisStoreOptions['waitForReplicas'],

@@ -67,6 +67,17 @@ export function parseAcquire(reply: unknown, token: string): AcquireResult {
   throw new Error(`oncely/redis: unexpected acquire reply ${JSON.stringify(reply)}`);
 }
 
+/**
+ * The reply of acquire's `SET ... NX GET`, in the acquire script's terms: 1 when it reserved the key (nothing was
+ * there), the record when it is completed, undefined for an in-progress record (the script must be asked for its
+ * remaining lease).
+ */
+export function parseReserve(reply: unknown): 1 | Buffer | undefined {
+  if (reply === null || reply === undefined) return 1;
+  if (Buffer.isBuffer(reply) && reply[0] === 0x63) return reply;
+  return undefined;
+}
+
 export function parseFlag(reply: unknown): boolean {
   return reply === 1;
 }

@@ -17,6 +17,11 @@ import { createHash } from 'node:crypto';
  * the hash as the earlier version did, in the replies of this layout, and writes only this layout. The earlier
  * version cannot read this layout: its scripts fail on these keys (a store error: 503, nothing runs twice).
  * Replies are parsed in one place, `replies.ts`.
+ *
+ * A free key or a completed record does not need ACQUIRE: the store sends `SET key 'p'|token|fingerprint PX
+ * lockTimeout NX GET`, which writes the very record ACQUIRE would write, or returns the completed one untouched, for
+ * less than half of ACQUIRE's CPU. ACQUIRE runs where the SET finds a lease (its reply has the remaining time) or is
+ * refused (a hash record's WRONGTYPE, OOM, Redis before 7.0).
  */
 
 // A record of the hash layout (before 2026-11-24): s state 'p'/'c', f fingerprint, t token, l lease end (ms, Redis

@@ -18,6 +18,7 @@ interface IoredisLike {
   // ioredis then sends the SHA as the command name (every call fails).
   evalshaBuffer(sha: string, keys: number, ...args: ScriptArgument[]): Promise<unknown>;
   evalBuffer(lua: string, keys: number, ...args: ScriptArgument[]): Promise<unknown>;
+  setBuffer(key: string, value: string, px: 'PX', pxMs: number, nx: 'NX', get: 'GET'): Promise<unknown>;
 }
 
 const NONE: readonly Socket[] = [];
@@ -54,6 +55,7 @@ export function ioredisConnection(client: object): RedisConnection {
     library: 'ioredis',
     evalsha: (sha, key, args) => redis.evalshaBuffer(sha, 1, key, ...args),
     eval: (lua, key, args) => redis.evalBuffer(lua, 1, key, ...args),
+    reserve: (key, value, pxMs) => redis.setBuffer(key, value, 'PX', pxMs, 'NX', 'GET'),
     cluster: typeof redis.nodes === 'function',
     wait: (replicas, timeoutMs) => redis.wait(replicas, timeoutMs),
     del: (key) => redis.del(key),

@@ -74,6 +74,7 @@ export function nodeRedisConnection(client: object): RedisConnection {
     library: 'node-redis',
     evalsha: (sha, key, args) => script('EVALSHA', sha, key, args),
     eval: (lua, key, args) => script('EVAL', lua, key, args),
+    reserve: (key, value, pxMs) => send(key, ['SET', key, value, 'PX', String(pxMs), 'NX', 'GET']),
     cluster,
     wait: async (replicas, timeoutMs) =>
       Number(

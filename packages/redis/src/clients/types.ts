@@ -15,6 +15,12 @@ export interface RedisConnection {
   evalsha(sha: string, key: string, args: readonly ScriptArgument[]): Promise<unknown>;
   /** EVAL with one key: runs the script and caches it for EVALSHA. */
   eval(lua: string, key: string, args: readonly ScriptArgument[]): Promise<unknown>;
+  /**
+   * `SET key value PX pxMs NX GET` (Redis 7.0+): reserves a free key and resolves null, or resolves the value
+   * already there (a Buffer), leaving it as it is. A server error (WRONGTYPE, OOM, a syntax error before 7.0, ...)
+   * rejects with Redis's own message, which starts with its upper-case code.
+   */
+  reserve(key: string, value: string, pxMs: number): Promise<unknown>;
   /** A Cluster client: keyless commands (WAIT) would go to any node. */
   readonly cluster: boolean;
   /**
