@@ -1,6 +1,6 @@
-// Redis's own CPU per store operation, for RedisStore as it is (`store`: acquire by `SET ... NX GET`, complete by
-// script), as it was (`script`: the same string layout, acquire by script, before 2026-11-25; `hash`: the hash
-// layout before 2026-11-24) and the floor (src/floor.ts: its reserve-or-read script, then a plain SET PX of the
+// Redis's own CPU per store operation, for RedisStore as it is (`store`: acquire by `SET ... NX GET`, complete by a
+// script that checks the token and writes the record the store built), as it was before 2026-11-24 (`hash`: the
+// hash layout) and the floor (src/floor.ts: its reserve-or-read script, then a plain SET PX of the
 // response): a private redis-server (so no other client's commands count), the commands each sends, over one
 // ioredis client with auto-pipelining (one write per event-loop turn for all), 32 in flight, 20,000 operations per phase,
 // the redis-server process's CPU time (user + system, /proc) read around each phase; 5 rounds, alternating.
@@ -8,7 +8,7 @@
 import { randomUUID } from 'node:crypto';
 import { startRedis } from '@oncely/testing';
 import Redis from 'ioredis';
-import { responseHead } from '../../packages/redis/src/replies';
+import { completedRecord } from '../../packages/redis/src/replies';
 import { SCRIPTS } from '../../packages/redis/src/scripts';
 import { LEGACY_ACQUIRE, LEGACY_COMPLETE } from '../../packages/redis/test/fixtures/hash-layout';
 import { cpuSeconds } from '../src/cpu';
@@ -16,7 +16,7 @@ import { RESERVE } from '../src/floor';
 
 const OPERATIONS = 20_000;
 const IN_FLIGHT = 32;
-const ROUNDS = 5;
+const ROUNDS = Number(process.env.ROUNDS ?? 5);
 
 const redis = await startRedis();
 const client = new Redis(redis.url, { enableAutoPipelining: true });
@@ -31,7 +31,7 @@ const ttl = 86_400_000;
 
 const load = async (lua: string) => (await client.script('LOAD', lua)) as string;
 const hash = { acquire: await load(LEGACY_ACQUIRE), complete: await load(LEGACY_COMPLETE) };
-const string = { acquire: await load(SCRIPTS.acquire.lua), complete: await load(SCRIPTS.complete.lua) };
+const complete = await load(SCRIPTS.complete.lua);
 const floorReserve = await load(RESERVE);
 
 // One first execution (acquire + complete), in each layout, with the arguments its RedisStore sends.
@@ -42,17 +42,11 @@ const first = {
     const args = [token, 201, JSON.stringify(headers), body, ttl, 'h:completed'];
     await client.evalsha(hash.complete, 1, `h:${key}`, ...args);
   },
-  script: async (key: string) => {
-    const token = randomUUID();
-    await client.evalsha(string.acquire, 1, `s:${key}`, fingerprint, 30_000, token);
-    const args = [token, responseHead({ status: 201, headers, body }), body, ttl, 's:completed'];
-    await client.evalsha(string.complete, 1, `s:${key}`, ...args);
-  },
   store: async (key: string) => {
-    const token = randomUUID();
-    await client.setBuffer(`g:${key}`, `p${token}${fingerprint}`, 'PX', 30_000, 'NX', 'GET');
-    const args = [token, responseHead({ status: 201, headers, body }), body, ttl, 'g:completed'];
-    await client.evalsha(string.complete, 1, `g:${key}`, ...args);
+    const token = randomUUID() + fingerprint;
+    await client.setBuffer(`s:${key}`, `p${token}`, 'PX', 30_000, 'NX', 'GET');
+    const record = completedRecord(fingerprint, { status: 201, headers, body }, body);
+    await client.evalsha(complete, 1, `s:${key}`, token, record, ttl, 's:completed');
   },
   floor: async (key: string) => {
     await client.evalsha(floorReserve, 1, `f:${key}`, 'p', 30_000);
@@ -62,14 +56,12 @@ const first = {
 };
 const replay = {
   hash: (key: string) => client.evalsha(hash.acquire, 1, `h:${key}`, fingerprint, 30_000, randomUUID()),
-  script: (key: string) => client.evalsha(string.acquire, 1, `s:${key}`, fingerprint, 30_000, randomUUID()),
   store: (key: string) =>
-    client.setBuffer(`g:${key}`, `p${randomUUID()}${fingerprint}`, 'PX', 30_000, 'NX', 'GET'),
+    client.setBuffer(`s:${key}`, `p${randomUUID()}${fingerprint}`, 'PX', 30_000, 'NX', 'GET'),
   floor: (key: string) => client.evalsha(floorReserve, 1, `f:${key}`, 'p', 30_000),
 };
 for (let i = 0; i < 100; i++) {
   await first.hash(`warm${i}`);
-  await first.script(`warm${i}`);
   await first.floor(`warm${i}`);
   await first.store(`warm${i}`);
 }
@@ -88,7 +80,7 @@ async function phase(operation: (key: string) => Promise<unknown>, keyOf: (i: nu
 
 const results: Record<string, number[]> = {};
 for (let round = 0; round < ROUNDS; round++) {
-  const layouts = ['hash', 'script', 'store', 'floor'] as const;
+  const layouts = ['hash', 'store', 'floor'] as const;
   // Rotated every round, so no layout always follows the same one.
   for (const layout of layouts.map(
     (_, i) => layouts[(i + round) % layouts.length] as (typeof layouts)[number],

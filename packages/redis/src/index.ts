@@ -13,7 +13,7 @@ import {
 import { autoPipelinesScriptsOnCluster, ioredisConnection, isIoredis } from './clients/ioredis';
 import { isNodeRedis, isNodeRedis5OrLater, nodeRedisConnection } from './clients/node-redis';
 import type { RedisConnection, ScriptArgument } from './clients/types';
-import { completedRecord, parseAcquire, parseFlag, parseGet, parseReserve, responseHead } from './replies';
+import { completedRecord, parseAcquire, parseFlag, parseGet, parseReserve } from './replies';
 import { SCRIPTS, type Script } from './scripts';
 
 /**
@@ -136,16 +136,17 @@ export class RedisStore implements IdempotencyStore {
   }
 
   async acquire(key: string, { fingerprint, lockTimeoutMs }: AcquireOptions): Promise<AcquireResult> {
-    const token = randomUUID();
+    // The fencing token carries the fingerprint, which `complete` needs to build the completed record (scripts.ts).
+    const token = randomUUID() + fingerprint;
+    const record = `p${token}`;
     let reply: unknown;
     let confirmation: Promise<number> | undefined;
     try {
-      if (this.#reserveWithSet)
-        [reply, confirmation] = await this.#reserve(key, token, fingerprint, lockTimeoutMs);
+      if (this.#reserveWithSet) [reply, confirmation] = await this.#reserve(key, record, lockTimeoutMs);
       // A live lease (its remaining time is in the script's reply only), a hash-layout record, or a server that
       // refused the SET: the script decides, atomically, as it did before the fast path.
       if (reply === undefined) {
-        const args = [fingerprint, lockTimeoutMs, token];
+        const args = [record, lockTimeoutMs];
         if (this.#replication === undefined) reply = await this.#run(SCRIPTS.acquire, key, args);
         else [reply, confirmation] = await this.#runConfirmed(SCRIPTS.acquire, key, args, this.#replication);
       }
@@ -173,8 +174,9 @@ export class RedisStore implements IdempotencyStore {
 
   async complete(key: string, token: string, response: StoredResponse, ttlMs: number): Promise<boolean> {
     const body = Buffer.from(response.body.buffer, response.body.byteOffset, response.body.byteLength);
-    // The body goes as an argument of its own: the script joins it to the record, with no copy made here.
-    const args = [token, responseHead(response), body, ttlMs, this.#channel];
+    // Built here, not in Lua: Redis, which every app server shares, only compares the token and writes.
+    const record = completedRecord(token.slice(TOKEN_ID_LENGTH), response, body);
+    const args = [token, record, ttlMs, this.#channel];
     if (this.#replication === undefined) return parseFlag(await this.#run(SCRIPTS.complete, key, args));
     const { replicas } = this.#replication;
     const [reply, confirmation] = await this.#runConfirmed(SCRIPTS.complete, key, args, this.#replication);
@@ -298,14 +300,12 @@ export class RedisStore implements IdempotencyStore {
    */
   async #reserve(
     key: string,
-    token: string,
-    fingerprint: string,
+    record: string,
     lockTimeoutMs: number,
   ): Promise<[unknown, Promise<number> | undefined]> {
     const redisKey = this.#prefix + key;
     if (this.#coalesce && this.#corked === undefined) this.#cork();
-    // The in-progress record, byte for byte as the acquire script writes it.
-    const sent = this.#connection.reserve(redisKey, `p${token}${fingerprint}`, lockTimeoutMs);
+    const sent = this.#connection.reserve(redisKey, record, lockTimeoutMs);
     const confirmation = this.#replication === undefined ? undefined : this.#confirmation(this.#replication);
     try {
       return [parseReserve(await sent), confirmation];
@@ -388,6 +388,9 @@ export class RedisStore implements IdempotencyStore {
     }
   }
 }
+
+/** A `randomUUID()`: the fencing token is one followed by the fingerprint. */
+const TOKEN_ID_LENGTH = 36;
 
 /** An error reply of Redis itself: its message starts with an upper-case code (ERR, WRONGTYPE, OOM, ...). */
 const SERVER_ERROR = /^[A-Z][A-Z_]+ /;

@@ -94,7 +94,8 @@ export function parseGet(reply: unknown): IdempotencyRecord | undefined {
     }
     return {
       state: 'in_progress',
-      token: record.toString('latin1', 1, IN_PROGRESS_FINGERPRINT),
+      // The store's token: the UUID and the fingerprint (scripts.ts).
+      token: record.toString('utf8', 1),
       fingerprint: record.toString('utf8', IN_PROGRESS_FINGERPRINT),
       // The key's expiry is the lease.
       lockExpiresAt: expiresAt,

@@ -3,7 +3,7 @@ import { createHash } from 'node:crypto';
 /**
  * The store's Lua scripts. One Redis string per record (one key, so a Cluster never sees a cross-slot call), in the
  * layout of 2026-11-24 ("v2"):
- *   in progress  'p' | token (36 bytes, a UUID) | fingerprint          ('w' instead of 'p': a waiter listens, so
+ *   in progress  'p' | UUID (36 bytes) | fingerprint                   ('w' instead of 'p': a waiter listens, so
  *                                                                       completion and release PUBLISH the key)
  *   completed    'c' | fingerprint length ':' fingerprint | status ':' headers length ':' headers (JSON) | body
  * The key's own expiry is the lease (in progress) or the TTL (completed): a crashed owner's record disappears by
@@ -18,9 +18,12 @@ import { createHash } from 'node:crypto';
  * version cannot read this layout: its scripts fail on these keys (a store error: 503, nothing runs twice).
  * Replies are parsed in one place, `replies.ts`.
  *
- * A free key or a completed record does not need ACQUIRE: the store sends `SET key 'p'|token|fingerprint PX
- * lockTimeout NX GET`, which writes the very record ACQUIRE would write, or returns the completed one untouched, for
- * less than half of ACQUIRE's CPU. ACQUIRE runs where the SET finds a lease (its reply has the remaining time) or is
+ * The store's fencing token is a UUID followed by the fingerprint, so that the in-progress record is 'p' | token and
+ * `complete` can build the completed record itself (Redis then only compares and writes: ~1 µs of its CPU less per
+ * first execution than joining the record in Lua).
+ * A free key or a completed record does not need ACQUIRE: the store sends `SET key 'p'|token PX lockTimeout NX
+ * GET`, which writes the very record ACQUIRE would write, or returns the completed one untouched, for less than
+ * half of ACQUIRE's CPU. ACQUIRE runs where the SET finds a lease (its reply has the remaining time) or is
  * refused (a hash record's WRONGTYPE, OOM, Redis before 7.0).
  */
 
@@ -30,14 +33,15 @@ const LEGACY_NOW = `local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
 
 // A new caller owns only records of this layout (it made them): a hash, a missing key, or another token is not its.
+// The store's token is the UUID and the fingerprint, so an in-progress record is its state byte and the token.
 const OWNED = `local v = redis.pcall('GET', KEYS[1])
 if type(v) ~= 'string' then return 0 end
 local s = string.byte(v, 1)
-if (s ~= 112 and s ~= 119) or string.sub(v, 2, 37) ~= ARGV[1] then return 0 end`;
+if (s ~= 112 and s ~= 119) or string.sub(v, 2) ~= ARGV[1] then return 0 end`;
 
 /**
- * KEYS: record. ARGV: fingerprint, lockTimeoutMs, new token (36 bytes). Replies 1 (acquired), the completed record
- * (a string), or { the in-progress record, its remaining lease in ms }.
+ * KEYS: record. ARGV: the new in-progress record ('p' | token), lockTimeoutMs. Replies 1 (acquired), the completed
+ * record (a string), or { the in-progress record, its remaining lease in ms }.
  */
 export const ACQUIRE = `local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'string' then
@@ -49,14 +53,16 @@ elseif v then
   if r[1] == 'c' then return 'c' .. #r[2] .. ':' .. r[2] .. r[4] .. ':' .. #r[5] .. ':' .. r[5] .. r[6] end
   if r[1] == 'p' and tonumber(r[3]) > now then return {'p' .. r[7] .. r[2], tonumber(r[3]) - now} end
 end
-redis.call('SET', KEYS[1], 'p' .. ARGV[3] .. ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1`;
 
-/** KEYS: record. ARGV: token, status ':' headers length ':' headers, body, ttlMs, channel. */
+/**
+ * KEYS: record. ARGV: token, the completed record (built by the caller: the script only checks the token and
+ * writes), ttlMs, channel.
+ */
 export const COMPLETE = `${OWNED}
-local f = string.sub(v, 38)
-redis.call('SET', KEYS[1], 'c' .. #f .. ':' .. f .. ARGV[2] .. ARGV[3], 'PX', ARGV[4])
-if s == 119 then redis.call('PUBLISH', ARGV[5], KEYS[1]) end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+if s == 119 then redis.call('PUBLISH', ARGV[4], KEYS[1]) end
 return 1`;
 
 /** KEYS: record. ARGV: token, channel. */
