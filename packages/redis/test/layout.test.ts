@@ -4,8 +4,10 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import Redis from 'ioredis';
 import { RedisStore } from '../src';
+import { parseAcquire } from '../src/replies';
 import { CLIENT_KINDS, type ConnectedClient } from './clients';
 import { LEGACY_ACQUIRE, LEGACY_COMPLETE, LEGACY_RELEASE } from './fixtures/hash-layout';
+import { V2_ACQUIRE, V2_COMPLETE } from './fixtures/string-layout-v2';
 
 // Rolling deploys: servers still on the version before the string layout (2026-11-24) write hash records with the
 // scripts of that version (fixtures/hash-layout.ts, verbatim); the current store must read them until they expire,
@@ -158,4 +160,86 @@ test('the old version cannot read a record of the string layout: its scripts fai
     await store.close();
     await connected.close();
   }
+});
+
+// The version before 2026-11-25 wrote the same string layout with other scripts (fixtures/string-layout-v2.ts):
+// acquire by script, the token a bare UUID, complete joining the record in Lua. The two run side by side during a
+// rolling deploy, each reading what the other writes.
+describe.each(CLIENT_KINDS)('beside the version before 2026-11-25, on $name', (kind) => {
+  let connected: ConnectedClient;
+  let store: RedisStore;
+  const k = (name: string) => `v2-${kind.name.replace(/\W/g, '')}-${name}`;
+  const previous = {
+    async acquire(key: string, fingerprint: string, lockTimeoutMs = 30_000): Promise<unknown> {
+      return old.callBuffer('EVAL', V2_ACQUIRE, 1, prefix + key, fingerprint, lockTimeoutMs, randomUUID());
+    },
+    async complete(key: string, token: string, status: number, body: Buffer): Promise<unknown> {
+      const headersJson = JSON.stringify(headers);
+      const head = `${status}:${Buffer.byteLength(headersJson)}:${headersJson}`;
+      return old.eval(V2_COMPLETE, 1, prefix + key, token, head, body, 86_400_000, channel);
+    },
+  };
+
+  beforeAll(async () => {
+    connected = await kind.standalone(url);
+    store = new RedisStore({ client: connected.client, prefix });
+  });
+  afterAll(async () => {
+    await store.close();
+    await connected.close();
+  });
+
+  test("each replays the other's completed records", async () => {
+    // Completed by the previous version, replayed by this one.
+    const token = randomUUID();
+    await old.eval(V2_ACQUIRE, 1, prefix + k('theirs'), 'fp:old', 30_000, token);
+    expect(await previous.complete(k('theirs'), token, 201, body)).toBe(1);
+    const replay = await store.acquire(k('theirs'), { fingerprint: 'fp:old', lockTimeoutMs: 30_000 });
+    expect(replay).toMatchObject({
+      status: 'completed',
+      fingerprint: 'fp:old',
+      response: { status: 201, headers },
+    });
+    expect(Buffer.from((replay as { response: { body: Uint8Array } }).response.body).equals(body)).toBe(true);
+
+    // Completed by this one, replayed by the previous version: its acquire returns the record as it is.
+    const acquired = await store.acquire(k('ours'), { fingerprint: 'fp:new', lockTimeoutMs: 30_000 });
+    if (acquired.status !== 'acquired') throw new Error('expected acquired');
+    expect(await store.complete(k('ours'), acquired.token, { status: 202, headers, body }, 86_400_000)).toBe(
+      true,
+    );
+    const theirs = await previous.acquire(k('ours'), 'fp:new');
+    expect(Buffer.isBuffer(theirs)).toBe(true);
+    expect(parseAcquire(theirs, 'unused')).toMatchObject({
+      status: 'completed',
+      fingerprint: 'fp:new',
+      response: { status: 202, headers },
+    });
+  });
+
+  test("each one's lease holds the key for the other, with its fingerprint, and fences the other's tokens", async () => {
+    // The previous version's lease: in progress here, with its remaining time; only its owner completes it.
+    const token = randomUUID();
+    await old.eval(V2_ACQUIRE, 1, prefix + k('their-lease'), 'fp:old', 20_000, token);
+    const held = await store.acquire(k('their-lease'), { fingerprint: 'fp:new', lockTimeoutMs: 30_000 });
+    expect(held).toMatchObject({ status: 'in_progress', fingerprint: 'fp:old' });
+    expect((held as { retryAfterMs: number }).retryAfterMs).toBeGreaterThan(10_000);
+    expect(
+      await store.complete(k('their-lease'), `${token}fp:new`, { status: 200, headers, body }, 60_000),
+    ).toBe(false);
+    expect(await previous.complete(k('their-lease'), token, 201, body)).toBe(1);
+    expect(
+      (await store.acquire(k('their-lease'), { fingerprint: 'fp:old', lockTimeoutMs: 30_000 })).status,
+    ).toBe('completed');
+
+    // This version's lease: in progress for the previous version, whose token (a bare UUID) cannot complete it.
+    const acquired = await store.acquire(k('our-lease'), { fingerprint: 'fp:new', lockTimeoutMs: 20_000 });
+    if (acquired.status !== 'acquired') throw new Error('expected acquired');
+    const theirs = await previous.acquire(k('our-lease'), 'fp:other');
+    expect(parseAcquire(theirs, 'unused')).toMatchObject({ status: 'in_progress', fingerprint: 'fp:new' });
+    expect(await previous.complete(k('our-lease'), randomUUID(), 201, body)).toBe(0);
+    expect(await store.complete(k('our-lease'), acquired.token, { status: 200, headers, body }, 60_000)).toBe(
+      true,
+    );
+  });
 });
