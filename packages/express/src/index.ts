@@ -296,9 +296,10 @@ class Capture {
     return res;
   }
 
-  write(_res: Response, args: unknown[]): boolean {
+  write(res: Response, args: unknown[]): boolean {
     const [chunk, encoding] = args;
     const cb = typeof encoding === 'function' ? encoding : args[2];
+    if (this.ended) return writeAfterEnd(res, cb);
     const buffer = toBuffer(chunk as Chunk, encoding);
     this.#chunks.push(buffer);
     this.#size += buffer.byteLength;
@@ -317,7 +318,11 @@ class Capture {
       cb = encoding;
       encoding = undefined;
     }
-    if (this.ended) return res;
+    if (this.ended) {
+      // As Node does for an end() before the response has finished: the callback waits for it.
+      if (typeof cb === 'function') this.#callbacks.push(cb as WriteCallback);
+      return res;
+    }
     this.ended = true;
     if (chunk !== undefined && chunk !== null) {
       const buffer = toBuffer(chunk as Chunk, encoding);
@@ -326,8 +331,9 @@ class Capture {
     }
     if (typeof cb === 'function') this.#callbacks.push(cb as WriteCallback);
     const callbacks = this.#callbacks;
-    // Only when someone waits: a callback on Node's end costs a 'finish' listener.
-    const done =
+    // Only when someone waits: a callback on Node's end costs a 'finish' listener. Read when the response goes
+    // out, since a second end() while the store is asked may add one.
+    const finished = (): (() => void) | undefined =>
       callbacks.length === 0
         ? undefined
         : (): void => {
@@ -340,6 +346,7 @@ class Capture {
       else for (const extra of this.#chunks) this.#call('write', extra);
       this.#stop();
       const headers = res.getHeaders();
+      const done = finished();
       if (done === undefined) this.#call('end');
       else this.#call('end', done);
       void this.#settle({ status: res.statusCode, headers, body: undefined });
@@ -352,6 +359,7 @@ class Capture {
     const headers = res.getHeaders();
     void this.#settle({ status, headers, body: stored }).then((replacement) => {
       this.#stop();
+      const done = finished();
       if (replacement === undefined) {
         // While the store was asked, headersSent still read false: code running after the handler's answer (a
         // late error handler, say) may have changed status or headers. Send exactly what was stored.
@@ -370,6 +378,20 @@ class Capture {
     });
     return res;
   }
+}
+
+/**
+ * A write after end() while the response is held: what Node does for one after it has ended (the callback gets
+ * ERR_STREAM_WRITE_AFTER_END, then the response emits it as 'error'; false is returned), so a handler bug shows the
+ * same with oncely as without. The chunk is neither sent nor stored.
+ */
+function writeAfterEnd(res: Response, cb: unknown): false {
+  const error = Object.assign(new Error('write after end'), { code: 'ERR_STREAM_WRITE_AFTER_END' });
+  process.nextTick(() => {
+    if (typeof cb === 'function') (cb as (error: Error) => void)(error);
+    if (!res.destroyed) res.emit('error', error);
+  });
+  return false;
 }
 
 /** Whether two `getHeaders()` snapshots hold the same values (the same strings and the same arrays). */

@@ -150,6 +150,40 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
     expect(replay.headers['idempotent-replayed']).toBe('true');
   });
 
+  test('a write or a second end after end, while the response is held, behaves as it does without oncely', async () => {
+    const run = async (withOncely: boolean) => {
+      const app = expressModule();
+      if (withOncely) app.use(idempotency());
+      const events: string[] = [];
+      app.post('/late', (_req, res) => {
+        res.on('error', (error: NodeJS.ErrnoException) => events.push(`error event ${error.code}`));
+        res.end('a');
+        const returned = res.write('x', (error?: NodeJS.ErrnoException | null) =>
+          events.push(`write callback ${error?.code}`),
+        );
+        events.push(`write returned ${returned}`);
+        res.end(() => events.push('second end callback'));
+      });
+      const res = await request(app).post('/late').set('Idempotency-Key', 'late').expect(200);
+      await sleep(50);
+      return { text: res.text, events, app };
+    };
+    const bare = await run(false);
+    const covered = await run(true);
+    expect(covered.text).toBe('a');
+    // Before: write returned true, no callback and no error; the second end's callback never ran.
+    expect(covered.events.filter((e) => !e.startsWith('second')).sort()).toEqual(
+      bare.events.filter((e) => !e.startsWith('second')).sort(),
+    );
+    expect(covered.events).toContain('write callback ERR_STREAM_WRITE_AFTER_END');
+    expect(covered.events).toContain('error event ERR_STREAM_WRITE_AFTER_END');
+    expect(covered.events.filter((e) => e === 'second end callback')).toHaveLength(1);
+    expect(bare.events).toContain('second end callback');
+    const replay = await request(covered.app).post('/late').set('Idempotency-Key', 'late').expect(200);
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(replay.text).toBe('a');
+  });
+
   test('a response sent by someone else while the store was asked: no crash, no execution, key freed', async () => {
     const { slow, release } = gatedStore();
     const app = expressModule();
