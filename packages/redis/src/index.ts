@@ -107,8 +107,13 @@ export class RedisStore implements IdempotencyStore {
   readonly #coalesce: boolean;
   readonly #replication: { replicas: number; timeoutMs: number } | undefined;
   #pendingConfirmation: Promise<number> | undefined;
-  /** False once the server refused `SET ... NX GET` as a syntax error (Redis before 7.0): acquire runs the script. */
-  #reserveWithSet = true;
+  /**
+   * Whether acquire tries `SET ... NX GET` first. Not with `waitForReplicas`: the turn's WAIT goes out right behind
+   * the SET, and a script sent after it (a lease found, a refused SET) would wait for the replicas before running,
+   * so a 409 would take the whole WAIT timeout. False too once the server refused the SET as a syntax error (Redis
+   * before 7.0).
+   */
+  #reserveWithSet: boolean;
   /** The connections corked in this event-loop turn (one, or a Cluster's), until `setImmediate` uncorks them. */
   #corked: readonly Socket[] | undefined;
   readonly #uncork = (): void => {
@@ -133,6 +138,7 @@ export class RedisStore implements IdempotencyStore {
     this.#channel = `${prefix}completed`;
     this.#coalesce = coalesce;
     this.#replication = checkWaitForReplicas(options.waitForReplicas, this.#connection);
+    this.#reserveWithSet = this.#replication === undefined;
   }
 
   async acquire(key: string, { fingerprint, lockTimeoutMs }: AcquireOptions): Promise<AcquireResult> {
@@ -142,7 +148,7 @@ export class RedisStore implements IdempotencyStore {
     let reply: unknown;
     let confirmation: Promise<number> | undefined;
     try {
-      if (this.#reserveWithSet) [reply, confirmation] = await this.#reserve(key, record, lockTimeoutMs);
+      if (this.#reserveWithSet) reply = await this.#reserve(key, record, lockTimeoutMs);
       // A live lease (its remaining time is in the script's reply only), a hash-layout record, or a server that
       // refused the SET: the script decides, atomically, as it did before the fast path.
       if (reply === undefined) {
@@ -298,21 +304,15 @@ export class RedisStore implements IdempotencyStore {
    * NOREPLICAS or READONLY, under which the script still answers a replay, since it only reads then). An error
    * that is not Redis's reply (a timeout, a closed connection) is thrown: the SET may have run.
    */
-  async #reserve(
-    key: string,
-    record: string,
-    lockTimeoutMs: number,
-  ): Promise<[unknown, Promise<number> | undefined]> {
+  async #reserve(key: string, record: string, lockTimeoutMs: number): Promise<unknown> {
     const redisKey = this.#prefix + key;
     if (this.#coalesce && this.#corked === undefined) this.#cork();
-    const sent = this.#connection.reserve(redisKey, record, lockTimeoutMs);
-    const confirmation = this.#replication === undefined ? undefined : this.#confirmation(this.#replication);
     try {
-      return [parseReserve(await sent), confirmation];
+      return parseReserve(await this.#connection.reserve(redisKey, record, lockTimeoutMs));
     } catch (error) {
       if (!(error instanceof Error) || !SERVER_ERROR.test(error.message)) throw error;
       if (error.message.startsWith('ERR syntax error')) this.#reserveWithSet = false;
-      return [undefined, undefined];
+      return undefined;
     }
   }
 

@@ -159,7 +159,7 @@ async function commandsDuring(client: Redis, work: () => Promise<void>): Promise
   return commands.filter((c) => c !== 'ping');
 }
 
-test('each confirmation goes out with the command it confirms: one WAIT right after the reserving SET, one after the completing EVALSHA', async () => {
+test('each confirmation goes out with its script call: one WAIT right after each EVALSHA that wrote (acquire stays a script with waitForReplicas)', async () => {
   const client = new Redis(primary.url);
   const store = new RedisStore({ client, prefix: 'order:', waitForReplicas: { replicas: 1, timeout: 500 } });
   await store.acquire('warm', { fingerprint: 'f', lockTimeoutMs: 5000 }); // scripts loaded
@@ -168,7 +168,27 @@ test('each confirmation goes out with the command it confirms: one WAIT right af
     if (acquired.status !== 'acquired') throw new Error('expected acquired');
     await store.complete('k', acquired.token, { status: 200, headers: {}, body: Buffer.from('x') }, 60_000);
   });
-  expect(commands).toEqual(['set', 'wait', 'evalsha', 'wait']);
+  expect(commands).toEqual(['evalsha', 'wait', 'evalsha', 'wait']);
+  await store.close();
+  client.disconnect();
+});
+
+test('with waitForReplicas a conflict is one EVALSHA, sent before the WAIT: no SET ahead of a script that a WAIT would hold up', async () => {
+  const client = new Redis(primary.url);
+  const store = new RedisStore({
+    client,
+    prefix: 'conflict:',
+    waitForReplicas: { replicas: 1, timeout: 500 },
+  });
+  await store.acquire('warm', { fingerprint: 'f', lockTimeoutMs: 5000 }); // scripts loaded
+  expect((await store.acquire('held', { fingerprint: 'f', lockTimeoutMs: 5000 })).status).toBe('acquired');
+  let second: Awaited<ReturnType<RedisStore['acquire']>> | undefined;
+  const commands = await commandsDuring(client, async () => {
+    second = await store.acquire('held', { fingerprint: 'f', lockTimeoutMs: 5000 });
+  });
+  expect(second?.status).toBe('in_progress');
+  // With a SET first (3b5f598), the script followed the turn's WAIT and waited out its timeout behind it.
+  expect(commands).toEqual(['evalsha', 'wait']);
   await store.close();
   client.disconnect();
 });
@@ -183,7 +203,7 @@ test('one WAIT confirms every reservation of an event-loop turn (group confirmat
     );
     expect(results.every((r) => r.status === 'acquired')).toBe(true);
   });
-  expect(commands).toEqual([...Array(20).fill('set'), 'wait']);
+  expect(commands).toEqual([...Array(20).fill('evalsha'), 'wait']);
   await store.close();
   client.disconnect();
 });
