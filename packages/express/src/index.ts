@@ -299,7 +299,19 @@ class Capture {
   write(res: Response, args: unknown[]): boolean {
     const [chunk, encoding] = args;
     const cb = typeof encoding === 'function' ? encoding : args[2];
-    if (this.ended) return writeAfterEnd(res, cb);
+    if (this.ended) {
+      // Node checks the chunk before it looks at the state.
+      if (chunk === null)
+        throw nodeError(TypeError, 'ERR_STREAM_NULL_VALUES', 'May not write null values to stream');
+      if (typeof chunk !== 'string' && !(chunk instanceof Uint8Array)) {
+        throw nodeError(
+          TypeError,
+          'ERR_INVALID_ARG_TYPE',
+          'The "chunk" argument must be of type string or Buffer',
+        );
+      }
+      return writeAfterEnd(res, cb);
+    }
     const buffer = toBuffer(chunk as Chunk, encoding);
     this.#chunks.push(buffer);
     this.#size += buffer.byteLength;
@@ -319,8 +331,10 @@ class Capture {
       encoding = undefined;
     }
     if (this.ended) {
-      // As Node does for an end() before the response has finished: the callback waits for it.
-      if (typeof cb === 'function') this.#callbacks.push(cb as WriteCallback);
+      // As Node does after an end(): with a chunk it is a write after end; without, the callback waits for the
+      // response to finish (it has not: it is held).
+      if (chunk) writeAfterEnd(res, cb);
+      else if (typeof cb === 'function') this.#callbacks.push(cb as WriteCallback);
       return res;
     }
     this.ended = true;
@@ -386,12 +400,17 @@ class Capture {
  * same with oncely as without. The chunk is neither sent nor stored.
  */
 function writeAfterEnd(res: Response, cb: unknown): false {
-  const error = Object.assign(new Error('write after end'), { code: 'ERR_STREAM_WRITE_AFTER_END' });
+  const error = nodeError(Error, 'ERR_STREAM_WRITE_AFTER_END', 'write after end');
   process.nextTick(() => {
     if (typeof cb === 'function') (cb as (error: Error) => void)(error);
     if (!res.destroyed) res.emit('error', error);
   });
   return false;
+}
+
+/** An error as Node's own carry it: a `code`, and the code in the name (`Error [ERR_...]`). */
+function nodeError(Type: ErrorConstructor | TypeErrorConstructor, code: string, message: string): Error {
+  return Object.assign(new Type(message), { code });
 }
 
 /** Whether two `getHeaders()` snapshots hold the same values (the same strings and the same arrays). */

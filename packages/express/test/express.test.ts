@@ -184,6 +184,37 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
     expect(replay.text).toBe('a');
   });
 
+  test('end(chunk, cb) and write(null) after end, while the response is held, behave as they do without oncely', async () => {
+    const run = async (withOncely: boolean) => {
+      const app = expressModule();
+      if (withOncely) app.use(idempotency());
+      const events: string[] = [];
+      app.post('/late', (_req, res) => {
+        res.on('error', (error: NodeJS.ErrnoException) => events.push(`error event ${error.code}`));
+        res.end('a');
+        try {
+          res.write(null as unknown as string);
+          events.push('write(null) did not throw');
+        } catch (error) {
+          events.push(`write(null) threw ${(error as NodeJS.ErrnoException).code}`);
+        }
+        res.end('b', ((error?: NodeJS.ErrnoException | null) =>
+          events.push(`end callback ${error?.code}`)) as () => void);
+      });
+      const res = await request(app).post('/late').set('Idempotency-Key', 'late-chunk').expect(200);
+      await sleep(50);
+      return { text: res.text, events: events.sort() };
+    };
+    const bare = await run(false);
+    const covered = await run(true);
+    expect(bare.events).toEqual([
+      'end callback ERR_STREAM_WRITE_AFTER_END',
+      'error event ERR_STREAM_WRITE_AFTER_END',
+      'write(null) threw ERR_STREAM_NULL_VALUES',
+    ]);
+    expect(covered).toEqual(bare);
+  });
+
   test('a response sent by someone else while the store was asked: no crash, no execution, key freed', async () => {
     const { slow, release } = gatedStore();
     const app = expressModule();
