@@ -144,6 +144,40 @@ describe('consumerRuntime: one delivery, one settlement in neutral words', () =>
     });
   });
 
+  test('a key with a lone surrogate is invalid-key, on the plain and the transactional path; a fingerprint with one matches itself', async () => {
+    // A UTF-8 store (Redis, PostgreSQL, DynamoDB) would read 'a\uD800' and 'a\uDBFF' as one key (redis unicode.test.ts).
+    let runs = 0;
+    const work = () => {
+      runs++;
+    };
+    const plain = await runtimeWith().decide({ id: 'a\uD800', body: 'x' }, 0, work);
+    expect(plain.settlement).toMatchObject({ action: 'dead-letter', reason: 'invalid-key' });
+    let transactions = 0;
+    const transactional = consumerRuntime<Message>(
+      () => {},
+      {},
+      {
+        ...broker,
+        runInTransaction: async () => {
+          transactions++;
+          return 1;
+        },
+      },
+    );
+    const inTransaction = await transactional.decide({ id: 'a\uDBFF', body: 'x' }, 0);
+    expect(inTransaction.settlement).toMatchObject({ action: 'dead-letter', reason: 'invalid-key' });
+    expect(runs + transactions).toBe(0);
+    // The fingerprint is compared as a UTF-8 store gives it back, so the same message is a replay there too.
+    const runtime = runtimeWith();
+    expect((await runtime.decide({ id: 'f', body: 'cut \uD83D' }, 0, work)).settlement.reason).toBe(
+      'executed',
+    );
+    expect((await runtime.decide({ id: 'f', body: 'cut \uD83D' }, 0, work)).settlement.reason).toBe(
+      'replayed',
+    );
+    expect(runs).toBe(1);
+  });
+
   test('a store that is down: delay (nothing ran, nothing counted)', async () => {
     const down = new MemoryStore();
     down.acquire = async () => {

@@ -1,5 +1,13 @@
 import type { IdempotencyHooks } from '../http/options';
-import { checkLogger, checkStore, durationOption, functionOption, integerOption } from '../shared/checks';
+import {
+  asStoredFingerprint,
+  checkLogger,
+  checkStore,
+  durationOption,
+  functionOption,
+  hasLoneSurrogate,
+  integerOption,
+} from '../shared/checks';
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
 import { type Logger, silentLogger } from '../shared/logger';
@@ -18,6 +26,7 @@ import {
   IdempotencyMismatchError,
   IdempotencyReplayError,
   IdempotencyStoreError,
+  LONE_SURROGATE_KEY,
   PermanentError,
   UnstorableResultError,
 } from './errors';
@@ -168,7 +177,7 @@ async function runOnce<Args extends unknown[], R>(
     key = computeKey(o, args);
     if (o.fingerprint !== undefined) {
       try {
-        fingerprint = o.fingerprint(...args);
+        fingerprint = asStoredFingerprint(o.fingerprint(...args));
       } catch (error) {
         throw new IdempotencyKeyError('the fingerprint function threw; nothing ran.', { cause: error });
       }
@@ -290,6 +299,7 @@ function computeKey<Args extends unknown[], R>(o: Resolved<Args, R>, args: Args)
       `the key is ${key.length} characters long, more than maxKeyLength (${o.maxKeyLength}). Nothing ran.`,
     );
   }
+  if (hasLoneSurrogate(key)) throw new IdempotencyKeyError(LONE_SURROGATE_KEY);
   return key;
 }
 

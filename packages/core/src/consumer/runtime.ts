@@ -1,4 +1,11 @@
-import { checkLogger, durationOption, functionOption, integerOption } from '../shared/checks';
+import {
+  asStoredFingerprint,
+  checkLogger,
+  durationOption,
+  functionOption,
+  hasLoneSurrogate,
+  integerOption,
+} from '../shared/checks';
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
 import { type Logger, silentLogger } from '../shared/logger';
@@ -15,6 +22,7 @@ import {
   IdempotencyKeyError,
   IdempotencyMismatchError,
   IdempotencyStoreError,
+  LONE_SURROGATE_KEY,
   PermanentError,
   UnstorableResultError,
 } from './errors';
@@ -411,10 +419,14 @@ export function consumerRuntime<M>(
         `the key is ${key.length} characters long, more than maxKeyLength (${maxKeyLength}). Nothing ran.`,
       );
     }
+    if (hasLoneSurrogate(key)) {
+      rejected();
+      throw new IdempotencyKeyError(LONE_SURROGATE_KEY);
+    }
     let messageFingerprint: unknown;
     if (fingerprint !== false) {
       try {
-        messageFingerprint = (fingerprint ?? broker.fingerprint)(msg);
+        messageFingerprint = asStoredFingerprint((fingerprint ?? broker.fingerprint)(msg));
       } catch (error) {
         rejected();
         throw new IdempotencyKeyError('the fingerprint function threw; nothing ran.', { cause: error });

@@ -1,3 +1,4 @@
+import { asStoredFingerprint, hasLoneSurrogate } from '../shared/checks';
 import { type Logger, silentLogger } from '../shared/logger';
 import { type DecisionEvent, type DecisionOutcome, observedStore } from '../shared/observe';
 import type {
@@ -181,6 +182,11 @@ export class Idempotency<Req = unknown> {
         // Anything but a string (a Promise from an async scope, undefined) would merge scopes: refuse it.
         if (typeof scope !== 'string')
           throw new TypeError(`scope() must return a string; it returned ${typeof scope}`);
+        if (hasLoneSurrogate(scope)) {
+          throw new TypeError(
+            'scope() returned a string with a lone surrogate (not well-formed Unicode), which a store keeping UTF-8 would confuse with another scope',
+          );
+        }
         key = `${scope} ${clientKey}`;
       }
       fingerprint =
@@ -188,7 +194,7 @@ export class Idempotency<Req = unknown> {
           ? ''
           : o.fingerprint === undefined
             ? defaultFingerprint(input.method, input.url, input.body)
-            : o.fingerprint(input.request);
+            : asStoredFingerprint(o.fingerprint(input.request));
     } catch (error) {
       log.error({ err: error }, 'oncely: the scope or fingerprint function threw');
       return this.#problem(

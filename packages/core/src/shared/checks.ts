@@ -5,6 +5,24 @@ import type { Logger } from './logger';
 
 // Option checks shared by the HTTP engine's options, idempotent() and the broker wrappers.
 
+// A lone surrogate (half of a UTF-16 pair) has no UTF-8 form: a store that keeps text as UTF-8 (Redis, PostgreSQL,
+// DynamoDB) writes U+FFFD in its place, so two keys or scopes that differ only there would be one record there, and
+// a fingerprint holding one would not compare equal to itself when read back.
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+const LONE_SURROGATES = new RegExp(LONE_SURROGATE.source, 'g');
+
+/** Whether a key or a scope would read back from a UTF-8 store as something else (see LONE_SURROGATE). */
+export function hasLoneSurrogate(text: string): boolean {
+  return LONE_SURROGATE.test(text);
+}
+
+/** A fingerprint as a UTF-8 store gives it back: each lone surrogate made U+FFFD, before it is stored or compared. */
+export function asStoredFingerprint<T>(fingerprint: T): T {
+  return typeof fingerprint === 'string' && LONE_SURROGATE.test(fingerprint)
+    ? (fingerprint.replace(LONE_SURROGATES, '\uFFFD') as T)
+    : fingerprint;
+}
+
 export function checkStore(store: IdempotencyStore): IdempotencyStore {
   for (const method of ['acquire', 'complete', 'release', 'renew'] as const) {
     if (typeof store?.[method] !== 'function') {
