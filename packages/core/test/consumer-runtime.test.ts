@@ -160,7 +160,7 @@ describe('consumerRuntime: one delivery, one settlement in neutral words', () =>
         ...broker,
         runInTransaction: async () => {
           transactions++;
-          return 1;
+          return { outcome: 'executed' as const, result: 1 };
         },
       },
     );
