@@ -6,6 +6,7 @@ import Redis from 'ioredis';
 import { RedisStore } from '../src';
 import { SCRIPTS } from '../src/scripts';
 import { CLIENT_KINDS, type ConnectedClient } from './clients';
+import { commandsDuring } from './monitor';
 
 // acquire's fast path: `SET key record PX lockTimeout NX GET` reserves a free key or reads a completed record
 // without a script; a live lease, a hash-layout record or a refused SET go to the acquire script. On a private
@@ -29,25 +30,6 @@ afterAll(async () => {
 async function rejectedCalls(command: string): Promise<number> {
   const stats = await inspect.info('commandstats');
   return Number(new RegExp(`cmdstat_${command}:.*rejected_calls=(\\d+)`).exec(stats)?.[1] ?? 0);
-}
-
-/** The commands clients sent while `work` ran, as MONITOR shows them (a script's own commands left out). */
-async function commandsDuring(work: () => Promise<unknown>): Promise<string[]> {
-  const base = new Redis(redis.url);
-  const monitor = await base.monitor(); // a connection of its own
-  base.disconnect();
-  const commands: string[] = [];
-  monitor.on('monitor', (_time: string, args: string[], source: string) => {
-    if (source !== 'lua') commands.push(String(args[0]).toLowerCase());
-  });
-  try {
-    await work();
-    await inspect.ping();
-    for (let i = 0; i < 200 && !commands.includes('ping'); i++) await new Promise((r) => setTimeout(r, 10));
-  } finally {
-    monitor.disconnect();
-  }
-  return commands.filter((command) => command !== 'ping');
 }
 
 const done = { status: 201, headers: { 'content-type': 'text/plain' }, body: Buffer.from('made') };
@@ -93,7 +75,7 @@ describe.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))('acquire o
     const first = await store.acquire('held', { fingerprint: 'f1', lockTimeoutMs: 5_000 });
     expect(first.status).toBe('acquired');
     let second: Awaited<ReturnType<RedisStore['acquire']>> | undefined;
-    const commands = await commandsDuring(async () => {
+    const commands = await commandsDuring(redis.url, async () => {
       second = await store.acquire('held', { fingerprint: 'f2', lockTimeoutMs: 5_000 });
     });
     expect(commands).toEqual(['set', 'evalsha']);
@@ -111,7 +93,7 @@ describe.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))('acquire o
     await store.complete('replayed', acquired.token, done, 3_600_000);
     const before = await inspect.getBuffer(`${prefix}replayed`);
     let replay: Awaited<ReturnType<RedisStore['acquire']>> | undefined;
-    const commands = await commandsDuring(async () => {
+    const commands = await commandsDuring(redis.url, async () => {
       replay = await store.acquire('replayed', { fingerprint: 'f', lockTimeoutMs: 5_000 });
     });
     expect(commands).toEqual(['set']);
@@ -130,7 +112,7 @@ describe.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))('acquire o
     try {
       let replay: Awaited<ReturnType<RedisStore['acquire']>> | undefined;
       const refusedBefore = await rejectedCalls('set');
-      const commands = await commandsDuring(async () => {
+      const commands = await commandsDuring(redis.url, async () => {
         replay = await store.acquire('before-oom', { fingerprint: 'f', lockTimeoutMs: 5_000 });
       });
       // The SET was refused (counted, not MONITORed), then the script ran.
@@ -145,7 +127,7 @@ describe.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))('acquire o
     }
     expect(await inspect.exists(`${prefix}during-oom`)).toBe(0);
     // Writes work again: the store did not give up its fast path over an OOM.
-    const commands = await commandsDuring(() =>
+    const commands = await commandsDuring(redis.url, () =>
       store.acquire('after-oom', { fingerprint: 'f', lockTimeoutMs: 5_000 }),
     );
     expect(commands).toEqual(['set']);
@@ -171,7 +153,7 @@ test('a server that refuses SET ... NX GET as a syntax error (Redis before 7.0) 
     expect(sets).toBe(1);
     if (first.status !== 'acquired') return;
     await store.complete('a', first.token, done, 60_000);
-    const commands = await commandsDuring(async () => {
+    const commands = await commandsDuring(redis.url, async () => {
       expect((await store.acquire('a', { fingerprint: 'f', lockTimeoutMs: 5_000 })).status).toBe('completed');
       expect((await store.acquire('b', { fingerprint: 'f', lockTimeoutMs: 5_000 })).status).toBe('acquired');
       expect((await store.acquire('b', { fingerprint: 'f', lockTimeoutMs: 5_000 })).status).toBe(

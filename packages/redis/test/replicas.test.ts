@@ -9,6 +9,7 @@ import Redis from 'ioredis';
 import request from 'supertest';
 import { type NodeRedisClient, RedisReplicationError, RedisStore } from '../src';
 import { CLIENT_KINDS, type ConnectedClient } from './clients';
+import { commandsDuring } from './monitor';
 
 // waitForReplicas on a private primary with one replica of its own. A paused replica (SIGSTOP) confirms nothing,
 // which is how a reservation or completion that fewer replicas confirmed is produced.
@@ -136,34 +137,11 @@ describe.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))('RedisStor
   });
 });
 
-/**
- * The commands clients sent to the primary while `work` ran, in order, as MONITOR sees them (commands a script runs
- * inside Redis are left out). `client` sends a closing PING: MONITOR delivers in order, so once it shows, so has
- * the rest.
- */
-async function commandsDuring(client: Redis, work: () => Promise<void>): Promise<string[]> {
-  const base = new Redis(primary.url);
-  const monitor = await base.monitor(); // a connection of its own: the base one is closed right away
-  base.disconnect();
-  const commands: string[] = [];
-  monitor.on('monitor', (_time: string, args: string[], source: string) => {
-    if (source !== 'lua') commands.push(String(args[0]).toLowerCase());
-  });
-  try {
-    await work();
-    await client.ping();
-    await waitUntil(() => commands.includes('ping'), 'MONITOR to catch up');
-  } finally {
-    monitor.disconnect();
-  }
-  return commands.filter((c) => c !== 'ping');
-}
-
 test('each confirmation goes out with its script call: one WAIT right after each EVALSHA that wrote (acquire stays a script with waitForReplicas)', async () => {
   const client = new Redis(primary.url);
   const store = new RedisStore({ client, prefix: 'order:', waitForReplicas: { replicas: 1, timeout: 500 } });
   await store.acquire('warm', { fingerprint: 'f', lockTimeoutMs: 5000 }); // scripts loaded
-  const commands = await commandsDuring(client, async () => {
+  const commands = await commandsDuring(primary.url, async () => {
     const acquired = await store.acquire('k', { fingerprint: 'f', lockTimeoutMs: 5000 });
     if (acquired.status !== 'acquired') throw new Error('expected acquired');
     await store.complete('k', acquired.token, { status: 200, headers: {}, body: Buffer.from('x') }, 60_000);
@@ -183,7 +161,7 @@ test('with waitForReplicas a conflict is one EVALSHA, sent before the WAIT: no S
   await store.acquire('warm', { fingerprint: 'f', lockTimeoutMs: 5000 }); // scripts loaded
   expect((await store.acquire('held', { fingerprint: 'f', lockTimeoutMs: 5000 })).status).toBe('acquired');
   let second: Awaited<ReturnType<RedisStore['acquire']>> | undefined;
-  const commands = await commandsDuring(client, async () => {
+  const commands = await commandsDuring(primary.url, async () => {
     second = await store.acquire('held', { fingerprint: 'f', lockTimeoutMs: 5000 });
   });
   expect(second?.status).toBe('in_progress');
@@ -197,7 +175,7 @@ test('one WAIT confirms every reservation of an event-loop turn (group confirmat
   const client = new Redis(primary.url);
   const store = new RedisStore({ client, prefix: 'group:', waitForReplicas: { replicas: 1, timeout: 500 } });
   await store.acquire('warm', { fingerprint: 'f', lockTimeoutMs: 5000 }); // scripts loaded
-  const commands = await commandsDuring(client, async () => {
+  const commands = await commandsDuring(primary.url, async () => {
     const results = await Promise.all(
       Array.from({ length: 20 }, (_, i) => store.acquire(`g${i}`, { fingerprint: 'f', lockTimeoutMs: 5000 })),
     );

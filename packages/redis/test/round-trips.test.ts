@@ -8,6 +8,7 @@ import Redis from 'ioredis';
 import request from 'supertest';
 import { RedisStore } from '../src';
 import { CLIENT_KINDS, type ConnectedClient } from './clients';
+import { commandCounts } from './monitor';
 
 // Counted on a private redis-server, so no other client's commands are in the numbers. `client` is an ioredis
 // connection for inspecting the server; each client RedisStore supports runs the app in turn.
@@ -22,31 +23,6 @@ afterAll(async () => {
   await client.quit();
   await redis.stop();
 });
-
-/**
- * Runs `work` and returns the commands clients sent meanwhile, by name, as MONITOR sees them. Commands a script
- * runs inside Redis are MONITORed with source "lua" and are not round trips, so they are left out.
- */
-async function roundTrips(work: () => Promise<unknown>): Promise<Record<string, number>> {
-  const base = new Redis(redis.url);
-  const monitor = await base.monitor(); // a connection of its own: the base one is closed right away
-  base.disconnect();
-  const counts: Record<string, number> = {};
-  monitor.on('monitor', (_time: string, args: string[], source: string) => {
-    if (source === 'lua') return;
-    const name = String(args[0]).toLowerCase();
-    counts[name] = (counts[name] ?? 0) + 1;
-  });
-  await work();
-  await client.ping('end-of-work'); // MONITOR delivers in order: once the ping shows up, the rest has too
-  await new Promise<void>((resolve) => {
-    const check = () => ((counts.ping ?? 0) > 0 ? resolve() : setTimeout(check, 5));
-    check();
-  });
-  monitor.disconnect();
-  delete counts.ping;
-  return counts;
-}
 
 describe.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))('RedisStore on %s', (_name, kind) => {
   let connected: ConnectedClient;
@@ -67,7 +43,7 @@ describe.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))('RedisStor
   });
 
   test('a first execution costs two round trips (acquire, complete), a replay one; neither runs the acquire script', async () => {
-    const first = await roundTrips(() =>
+    const first = await commandCounts(redis.url, () =>
       request(app)
         .post('/charges')
         .set('Idempotency-Key', `first-${kind.name.replace(' ', '-')}`)
@@ -76,7 +52,7 @@ describe.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))('RedisStor
     );
     expect(first).toEqual({ set: 1, evalsha: 1 });
 
-    const replay = await roundTrips(async () => {
+    const replay = await commandCounts(redis.url, async () => {
       const res = await request(app)
         .post('/charges')
         .set('Idempotency-Key', `first-${kind.name.replace(' ', '-')}`)
@@ -85,7 +61,7 @@ describe.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))('RedisStor
     });
     expect(replay).toEqual({ set: 1 });
 
-    const mismatchAndNoKey = await roundTrips(async () => {
+    const mismatchAndNoKey = await commandCounts(redis.url, async () => {
       await request(app)
         .post('/charges')
         .set('Idempotency-Key', `first-${kind.name.replace(' ', '-')}`)
