@@ -42,10 +42,18 @@ if (s ~= 112 and s ~= 119) or string.sub(v, 2) ~= ARGV[1] then return 0 end`;
 /**
  * KEYS: record. ARGV: the new in-progress record ('p' | token), lockTimeoutMs. Replies 1 (acquired), the completed
  * record (a string), or { the in-progress record, its remaining lease in ms }.
+ * A lease with this call's own token ('p' or 'w' then the token, a random UUID nobody else has) is this call's: its
+ * write already ran once, and the client sent it again after a connection lost the reply (ioredis resends what is
+ * in flight when it reconnects; the store's `SET ... NX GET` comes here then too). It is taken as acquired, and its
+ * lease renewed by a write, so that a `WAIT` behind this call (`waitForReplicas`) confirms the lease as well.
  */
 export const ACQUIRE = `local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'string' then
   if string.byte(v, 1) == 99 then return v end
+  if string.sub(v, 2) == string.sub(ARGV[1], 2) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return 1
+  end
   return {v, redis.call('PTTL', KEYS[1])}
 elseif v then
   ${LEGACY_NOW}
