@@ -86,13 +86,15 @@ async function listen(covered: Covered): Promise<number> {
   });
 }
 
-function load(port: number, duration: number): Promise<number> {
+// A replay run's first requests for one of its 100 keys run together: the ones behind the first get a 409 until
+// it completes, which the warm-up allows (`warmUp`); the measured turns replay completed keys only.
+function load(port: number, duration: number, warmUp = false): Promise<number> {
   return new Promise((resolve, reject) => {
     const args = ['--import', 'tsx', 'micro/http-load.ts', String(port), String(duration), scenario];
     execFile(process.execPath, args, (error, stdout) => {
       if (error) return reject(error);
       const { answered, non2xx } = JSON.parse(stdout) as { answered: number; non2xx: number };
-      if (non2xx > 0) return reject(new Error(`${non2xx} answers were not 2xx`));
+      if (non2xx > 0 && !warmUp) return reject(new Error(`${non2xx} answers were not 2xx`));
       resolve(answered);
     });
   });
@@ -112,7 +114,7 @@ for (const name of wanted) {
 }
 const names = Object.keys(ports);
 // Warm-up: the JIT, and MemoryStore's LRU filling up, as under load.
-for (const name of names) await load(ports[name] as number, 2);
+for (const name of names) await load(ports[name] as number, 2, true);
 
 // ALLOC=file writes a sampling heap profile of the measured turns (every allocation, collected or not), for
 // the bytes each function allocates per request.
