@@ -89,9 +89,10 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
         request: req,
       })
       .then((decision) => {
-        // Something else (a timeout middleware, say) answered while the store was being asked: do nothing more,
-        // and free the key if we hold it.
-        if (res.headersSent || res.writableEnded) {
+        // Something else (a timeout middleware, say) answered while the store was being asked, or the client left
+        // (its 'close' came before the listener below exists, and NestJS then gives the request up): do nothing
+        // more, and free the key if we hold it, so the client's retry runs the handler.
+        if (res.headersSent || res.writableEnded || res.destroyed) {
           if (decision.action === 'execute') void decision.execution.fail(new Error('response already sent'));
           return;
         }

@@ -471,6 +471,27 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
     expect(await memory.get('gone')).toBeUndefined();
   });
 
+  test('a client gone (socket destroyed) while the store was asked, nothing answered: the handler does not run, the key is free', async () => {
+    const { memory, slow, release } = gatedStore();
+    const app = expressModule();
+    app.use((req, _res, next) => {
+      setTimeout(() => req.socket.destroy(), 30);
+      setTimeout(release, 60);
+      next();
+    });
+    app.use(idempotency({ store: slow, lockTimeout: 60_000 }));
+    let runs = 0;
+    app.post('/left', (_req, res) => void res.status(201).json({ run: ++runs }));
+    await request(app)
+      .post('/left')
+      .set('Idempotency-Key', 'left')
+      .catch(() => undefined);
+    await sleep(100);
+    expect(runs).toBe(0);
+    // Released, not held until the lease runs out (a retry would get 409 for a minute).
+    expect(await memory.get('left')).toBeUndefined();
+  });
+
   test('a handler in an app of another Express copy, called as a function: captured and replayed', async () => {
     // A fresh copy of the other Express, as a duplicated dependency would load: nothing oncely did to the copies
     // other tests used applies to it.

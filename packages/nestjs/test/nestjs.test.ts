@@ -417,6 +417,49 @@ describe.each(['express', 'fastify'] as const)('@oncely/nestjs on %s', (platform
       expect(keyed.body).toEqual({ key: null });
     });
 
+    test('a client that leaves while the store is asked: the key is not left locked', async () => {
+      let open!: () => void;
+      const gate = new Promise<void>((resolve) => {
+        open = resolve;
+      });
+      const memory = new MemoryStore();
+      const slow = {
+        acquire: async (...args: Parameters<MemoryStore['acquire']>) => {
+          await gate;
+          return memory.acquire(...args);
+        },
+        complete: memory.complete.bind(memory),
+        release: memory.release.bind(memory),
+        renew: memory.renew.bind(memory),
+      };
+      const app = await start(IdempotencyModule.forRoot({ store: slow, lockTimeout: 60_000 }));
+      const key = newKey();
+      const req = httpRequest({
+        host: '127.0.0.1',
+        port: Number(new URL(app.url).port),
+        method: 'POST',
+        path: '/plain/marked',
+        headers: { 'idempotency-key': key, 'content-type': 'application/json' },
+      });
+      req.on('error', () => {});
+      req.end('{}');
+      await sleep(50);
+      req.destroy();
+      await sleep(50);
+      open();
+      await sleep(100);
+      if (platform === 'express') {
+        // The decision finds the response destroyed: the handler does not run, and the key is released (before the
+        // fix it stayed leased, the lease renewed for ever, while nothing ran).
+        expect(app.count('plain-marked')).toBe(0);
+        expect(await memory.get(key)).toBeUndefined();
+      } else {
+        // Fastify runs the route for a client that left, and its reply, sent nowhere, is stored: not locked either.
+        expect(app.count('plain-marked')).toBe(1);
+        expect(await memory.get(key)).toMatchObject({ state: 'completed' });
+      }
+    });
+
     test("a marked handler is covered with its own options over the module's", async () => {
       const app = await start(IdempotencyModule.forRoot());
       const missing = await post(app, '/plain/marked');
