@@ -55,11 +55,12 @@ describe('MemoryStore specifics', () => {
     const store = new MemoryStore({ sweepInterval: 20 });
     for (let i = 0; i < 50; i++) {
       const r = await store.acquire(`k${i}`, lock);
-      if (r.status === 'acquired') await store.complete(`k${i}`, r.token, response, 30);
+      if (r.status === 'acquired') await store.complete(`k${i}`, r.token, response, 150);
     }
-    await store.acquire('lease', { fingerprint: 'f', lockTimeoutMs: 30 });
+    await store.acquire('lease', { fingerprint: 'f', lockTimeoutMs: 150 });
+    // Each answer waits for a loop turn (setImmediate): 150 ms, so that no sweep frees a record before this count.
     expect(store.size).toBe(51);
-    await new Promise((resolve) => setTimeout(resolve, 200));
+    await new Promise((resolve) => setTimeout(resolve, 400));
     expect(store.size).toBe(0);
     await store.close();
   });

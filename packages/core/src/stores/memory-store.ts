@@ -55,10 +55,10 @@ function unlink(list: List, entry: Entry): void {
 
 /**
  * A store call's answer, given on the event loop's check phase (`setImmediate`) instead of at once; the call's
- * effect (the lease taken, the record stored) happens at once, only the answer waits. A networked store's
- * answers arrive together, so under load a server runs the handlers of the requests it read in one loop turn
- * together; answered at once, it runs each one between two socket reads, which measured far dearer on this
- * project's 2-vCPU machine. Server CPU per first execution over the bare framework (`micro/http.ts` in
+ * effect (the lease taken, the record stored) happens at once, only the answer waits (an error, none expected, is
+ * given at once). A networked store's answers arrive together in a later turn of the loop, so under load a
+ * server runs the handlers of the requests it read in one loop turn together; answered at once, it runs each
+ * one between two socket reads, which measured far dearer on this project's 2-vCPU machine. Server CPU per first execution over the bare framework (`micro/http.ts` in
  * benchmarks/, one process, alternating turns; 2026-11-25), answered at once against in the check phase:
  * Express +63 to +83 µs (four runs) against -8 to +34 (three), Fastify +22.0 against +6.8 and +10.3, Koa +34.0
  * against -2.5 and -1.1, Hono +45.0 against +13.9.
