@@ -1,7 +1,7 @@
 import { createServer, OutgoingMessage, ServerResponse } from 'node:http';
 import { Readable } from 'node:stream';
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
-import { recordingLogger } from '@oncely/testing';
+import { gatedStore, recordingLogger } from '@oncely/testing';
 import compression from 'compression';
 import express from 'express';
 import express4 from 'express4';
@@ -616,22 +616,3 @@ describe.each(versions)('%s beside other code in the process', (_name, expressMo
     expect(runs).toBe(2);
   });
 });
-
-/** A MemoryStore whose acquires wait until `release()` is called: a store slow to answer. */
-function gatedStore() {
-  let release!: () => void;
-  const gate = new Promise<void>((resolve) => {
-    release = resolve;
-  });
-  const memory = new MemoryStore();
-  const slow = {
-    acquire: async (...args: Parameters<MemoryStore['acquire']>) => {
-      await gate;
-      return memory.acquire(...args);
-    },
-    complete: memory.complete.bind(memory),
-    release: memory.release.bind(memory),
-    renew: memory.renew.bind(memory),
-  };
-  return { memory, slow, release };
-}

@@ -33,7 +33,7 @@ import {
 } from '@nestjs/common';
 import { APP_INTERCEPTOR } from '@nestjs/core';
 import { MemoryStore } from '@oncely/core';
-import { binaryParser, routeCounts, type TestApp } from '@oncely/testing';
+import { binaryParser, gatedStore, routeCounts, type TestApp } from '@oncely/testing';
 import compression from 'compression';
 import { catchError, map, type Observable, TimeoutError, tap, throwError, timeout, timer } from 'rxjs';
 import request from 'supertest';
@@ -418,20 +418,7 @@ describe.each(['express', 'fastify'] as const)('@oncely/nestjs on %s', (platform
     });
 
     test('a client that leaves while the store is asked: the key is not left locked', async () => {
-      let open!: () => void;
-      const gate = new Promise<void>((resolve) => {
-        open = resolve;
-      });
-      const memory = new MemoryStore();
-      const slow = {
-        acquire: async (...args: Parameters<MemoryStore['acquire']>) => {
-          await gate;
-          return memory.acquire(...args);
-        },
-        complete: memory.complete.bind(memory),
-        release: memory.release.bind(memory),
-        renew: memory.renew.bind(memory),
-      };
+      const { memory, slow, release: open } = gatedStore();
       const app = await start(IdempotencyModule.forRoot({ store: slow, lockTimeout: 60_000 }));
       const key = newKey();
       const req = httpRequest({

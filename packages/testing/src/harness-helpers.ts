@@ -1,6 +1,6 @@
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import type { IdempotencyOptions } from '@oncely/core';
+import { type IdempotencyOptions, MemoryStore } from '@oncely/core';
 import type { TestApp, TestAppOptions, TestRequest } from './http-suite';
 
 /** Counts handler runs per route: `hit(route)` in a handler, `count(route)` for `TestApp.count`. */
@@ -14,6 +14,28 @@ export function routeCounts(): { hit(route: string): number; count(route: string
     },
     count: (route) => counts.get(route) ?? 0,
   };
+}
+
+/**
+ * A MemoryStore whose `acquire` waits until `release()` is called: the request stays at "asking the store" for as
+ * long as a test needs (to close the client, or answer the request from elsewhere, meanwhile).
+ */
+export function gatedStore() {
+  let release!: () => void;
+  const gate = new Promise<void>((resolve) => {
+    release = resolve;
+  });
+  const memory = new MemoryStore();
+  const slow = {
+    acquire: async (...args: Parameters<MemoryStore['acquire']>) => {
+      await gate;
+      return memory.acquire(...args);
+    },
+    complete: memory.complete.bind(memory),
+    release: memory.release.bind(memory),
+    renew: memory.renew.bind(memory),
+  };
+  return { memory, slow, release };
 }
 
 /** Listens on a free port of 127.0.0.1 and gives the suite its `TestApp`; `close` drops open connections. */

@@ -5,7 +5,7 @@ export {
   runRootScriptToEnd,
 } from './commands';
 export { type ConsumerProcess, sleep, startConsumerProcess, waitUntil } from './consumers';
-export { routeCounts, serveTestApp, viewOptions } from './harness-helpers';
+export { gatedStore, routeCounts, serveTestApp, viewOptions } from './harness-helpers';
 export {
   type AdapterHarness,
   binaryParser,
