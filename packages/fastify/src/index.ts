@@ -89,6 +89,14 @@ async function idempotencyPluginAsync(
         routeEngine.options.logger ?? request.log,
       );
       if (decision.action === 'pass') return;
+      if (reply.sent || reply.raw.destroyed) {
+        // Answered by something else while the store was asked, or the client left (its 'close' came before the
+        // listener below exists): free the key if we hold it, so the client's retry runs the route, and skip the
+        // handler (a hijacked reply is one Fastify neither handles nor sends), as the Express adapter does.
+        if (decision.action === 'execute') void decision.execution.fail(new Error('client gone'));
+        if (!reply.sent) reply.hijack();
+        return;
+      }
       if (decision.action === 'respond') {
         req[kState] = { execution: undefined, error: undefined, stream: undefined };
         return send(reply, decision.response);

@@ -2,6 +2,7 @@ import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { PassThrough, Readable } from 'node:stream';
 import { gunzipSync } from 'node:zlib';
 import compress from '@fastify/compress';
+import { gatedStore } from '@oncely/testing';
 import Fastify, { type FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
 import { idempotencyPlugin } from '../src';
@@ -248,6 +249,35 @@ describe('@oncely/fastify: every response settles its key', () => {
       expect(retry.headers['idempotent-replayed']).toBe('true');
       expect(JSON.parse(retry.body.toString())).toEqual({ run: 1 });
       expect(runs).toBe(1);
+    } finally {
+      await close(app);
+    }
+  });
+  test('a client that goes away while the store is asked: the route does not run, and the key is free', async () => {
+    const { memory, slow, release } = gatedStore();
+    const app = Fastify();
+    await app.register(idempotencyPlugin, { store: slow, lockTimeout: 60_000 });
+    let runs = 0;
+    app.post('/left', async (_request, reply) => {
+      runs++;
+      reply.code(201);
+      return { run: runs };
+    });
+    try {
+      const base = await listen(app);
+      const gone = await post(base, '/left', { 'idempotency-key': 'left' }, { cutAfterMs: 50 });
+      expect(gone.aborted).toBe(true);
+      await sleep(50);
+      release();
+      await sleep(100);
+      // Before: the route ran for nobody and its reply was stored. Now it is skipped and the key released, so the
+      // client's retry runs it (with a lease of a minute, a key left leased would answer 409 to that retry).
+      expect(runs).toBe(0);
+      expect(await memory.get('left')).toBeUndefined();
+      const retry = await post(base, '/left', { 'idempotency-key': 'left' });
+      expect(retry.status).toBe(201);
+      expect(JSON.parse(retry.body.toString())).toEqual({ run: 1 });
+      expect(retry.headers['idempotent-replayed']).toBeUndefined();
     } finally {
       await close(app);
     }

@@ -51,6 +51,7 @@ export function idempotency<E extends Env = Env>(
         // read here instead of reading the stream again. A clone (two more streams) cost ~20% of a request.
         readBody: (json) => (json ? c.req.text() : c.req.arrayBuffer()),
         headers: nodeHeaders(c),
+        clientGone: () => clientGone(c),
       },
       async (context) => {
         ran = true;
@@ -94,6 +95,16 @@ function nodeHeaders(c: Context): Readonly<Record<string, string | string[] | un
   return typeof headers === 'object' && headers !== null
     ? (headers as Readonly<Record<string, string | string[] | undefined>>)
     : undefined;
+}
+
+/**
+ * Whether the client has gone: Node's response destroyed on @hono/node-server (`c.env.outgoing`), else the
+ * request's signal aborted. On @hono/node-server the signal would cost an `AbortController` per request.
+ */
+function clientGone(c: Context): boolean {
+  const outgoing = (c.env as { outgoing?: { destroyed?: unknown } } | undefined)?.outgoing;
+  if (outgoing !== undefined && typeof outgoing.destroyed === 'boolean') return outgoing.destroyed;
+  return c.req.raw.signal?.aborted === true;
 }
 
 const encoder = new TextEncoder();

@@ -52,8 +52,9 @@ export function idempotency(options: KoaIdempotencyOptions = {}): Middleware {
       body,
       request: ctx,
     });
-    // Something else answered while the store was asked (a timeout, say): do nothing more, free the key we hold.
-    if (ctx.res.headersSent) {
+    // Something else answered while the store was asked (a timeout, say), or the client left: do nothing more, and
+    // free the key we hold, so the client's retry runs the handler (Koa sends nothing to a closed socket).
+    if (ctx.res.headersSent || ctx.res.destroyed) {
       if (decision.action === 'execute') await decision.execution.fail(new Error('response already sent'));
       return;
     }

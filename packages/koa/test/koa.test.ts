@@ -4,7 +4,7 @@ import { Readable } from 'node:stream';
 import { bodyParser } from '@koa/bodyparser';
 import Router from '@koa/router';
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
-import { binaryParser, expectedStream, recordingLogger, sleep, waitUntil } from '@oncely/testing';
+import { binaryParser, expectedStream, gatedStore, recordingLogger, sleep, waitUntil } from '@oncely/testing';
 import Koa, { type Context } from 'koa';
 import compress from 'koa-compress';
 import request from 'supertest';
@@ -523,6 +523,27 @@ describe('@oncely/koa specifics', () => {
     await sleep(100);
     expect((await post(app, 'ended')).status).toBe(410);
     expect(runs).toBe(1);
+  });
+
+  test('a client that leaves while the store is asked: the handler does not run, and the key is free', async () => {
+    const { memory, slow, release } = gatedStore();
+    let runs = 0;
+    const app = appWith(
+      (ctx) => {
+        ctx.status = 201;
+        ctx.body = { run: ++runs };
+      },
+      { store: slow, lockTimeout: 60_000 },
+    );
+    // The client leaves at 50 ms; the store answers at 150 ms, to a response already destroyed.
+    setTimeout(release, 150);
+    await abortedPost(app, 'left-early', 50);
+    // Before: the handler ran for nobody and its answer was stored. Now the key is released, and the retry runs.
+    expect(runs).toBe(0);
+    expect(await memory.get('left-early')).toBeUndefined();
+    const retry = await post(app, 'left-early').expect(201);
+    expect(retry.body).toEqual({ run: 1 });
+    expect(retry.headers['idempotent-replayed']).toBeUndefined();
   });
 
   test('a client that leaves while a stream body is read: the handler ran, so a retry gets 410, never a second run', async () => {

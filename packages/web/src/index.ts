@@ -74,6 +74,11 @@ export interface WebExchange<Req> {
    * undici `Headers` on first use, and which the engine would copy into a record again.
    */
   headers?: Readonly<Record<string, string | string[] | undefined>>;
+  /**
+   * Whether the client has gone (asked once the store has answered). Default: `request.signal.aborted`. Hono on
+   * @hono/node-server reads Node's response instead, which costs no `AbortController`.
+   */
+  clientGone?: () => boolean;
 }
 
 /** What `run` returns when the handler failed but the framework already turned the error into a response. */
@@ -150,6 +155,13 @@ export async function respondOnce<Req>(
   if (decision.action === 'pass') return settledResponse(await run(undefined));
   if (decision.action === 'respond') return toResponse(decision.response);
   const { execution } = decision;
+  if (exchange.clientGone === undefined ? request.signal?.aborted === true : exchange.clientGone()) {
+    // The client left while the store was asked: the handler does not run for nobody, and the key is released,
+    // so the client's retry runs it (as on Express, Fastify and Koa). The answer goes nowhere; 499 is what
+    // access logs commonly call a request its client closed.
+    await execution.fail(new Error('client gone'));
+    return new Response(null, { status: 499 });
+  }
   let response: Response | HandlerFailure | KnownBody;
   try {
     response = await run({ key: execution.clientKey, db: execution.db });

@@ -1,5 +1,6 @@
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
 import { idempotency } from '@oncely/express';
+import { gatedStore, sleep } from '@oncely/testing';
 import express from 'express';
 import request from 'supertest';
 import { idempotencyOf, withIdempotency } from '../src';
@@ -22,6 +23,35 @@ const post = (
   } as RequestInit);
 
 describe('@oncely/web specifics', () => {
+  test('a client that leaves while the store is asked (its signal aborted): the handler does not run, the key is free', async () => {
+    const { memory, slow, release } = gatedStore();
+    let runs = 0;
+    const handler = withIdempotency(async () => Response.json({ run: ++runs }, { status: 201 }), {
+      store: slow,
+      lockTimeout: 60_000,
+    });
+    const client = new AbortController();
+    const request = new Request('http://localhost/r', {
+      method: 'POST',
+      body: '{}',
+      headers: { 'content-type': 'application/json', 'idempotency-key': 'gone' },
+      signal: client.signal,
+    });
+    const answer = handler(request);
+    await sleep(20);
+    client.abort();
+    release();
+    // Nobody reads this answer; its status is what an access log records.
+    expect((await answer).status).toBe(499);
+    expect(runs).toBe(0);
+    // Released, not leased for a minute: the client's retry runs the handler.
+    expect(await memory.get('gone')).toBeUndefined();
+    const retry = await handler(post('/r', 'gone'));
+    expect(retry.status).toBe(201);
+    expect(retry.headers.get('idempotent-replayed')).toBeNull();
+    expect(runs).toBe(1);
+  });
+
   test('extra arguments (env, ctx, a route context) reach the handler unchanged', async () => {
     const seen: unknown[] = [];
     const handler = withIdempotency(async (_request: Request, env: { name: string }, ctx: number) => {
