@@ -89,11 +89,11 @@ async function idempotencyPluginAsync(
         routeEngine.options.logger ?? request.log,
       );
       if (decision.action === 'pass') return;
-      if (reply.sent || reply.raw.destroyed) {
+      if (reply.sent || responseGone(reply.raw)) {
         // Answered by something else while the store was asked, or the client left (its 'close' came before the
         // listener below exists): free the key if we hold it, so the client's retry runs the route, and skip the
         // handler (a hijacked reply is one Fastify neither handles nor sends), as the Express adapter does.
-        if (decision.action === 'execute') void decision.execution.fail(new Error('client gone'));
+        if (decision.action === 'execute') await decision.execution.fail(new Error('client gone'));
         if (!reply.sent) reply.hijack();
         return;
       }
@@ -176,6 +176,13 @@ async function idempotencyPluginAsync(
     route.onSend = [...toArray(route.onSend), onSend];
     route.onError = [...toArray(route.onError), onError];
   });
+}
+
+/**
+ * The client is gone: Node's response destroyed, or over HTTP/2 its stream (Http2ServerResponse has no `destroyed`).
+ */
+function responseGone(raw: FastifyReply['raw']): boolean {
+  return raw.destroyed === true || (raw as { stream?: { destroyed?: boolean } }).stream?.destroyed === true;
 }
 
 /** Takes the unsettled execution out of the state: the caller settles it. */

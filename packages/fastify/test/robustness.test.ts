@@ -1,8 +1,9 @@
 import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { PassThrough, Readable } from 'node:stream';
 import { gunzipSync } from 'node:zlib';
 import compress from '@fastify/compress';
-import { gatedStore } from '@oncely/testing';
+import { gatedStore, http2Post } from '@oncely/testing';
 import Fastify, { type FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
 import { idempotencyPlugin } from '../src';
@@ -253,6 +254,7 @@ describe('@oncely/fastify: every response settles its key', () => {
       await close(app);
     }
   });
+
   test('a client that goes away while the store is asked: the route does not run, and the key is free', async () => {
     const { memory, slow, release } = gatedStore();
     const app = Fastify();
@@ -280,6 +282,36 @@ describe('@oncely/fastify: every response settles its key', () => {
       expect(retry.headers['idempotent-replayed']).toBeUndefined();
     } finally {
       await close(app);
+    }
+  });
+
+  test('over HTTP/2 the same: the client cancels its stream while the store is asked, and the key is free', async () => {
+    const { memory, slow, release } = gatedStore();
+    const app = Fastify({ http2: true });
+    await app.register(idempotencyPlugin, { store: slow, lockTimeout: 60_000 });
+    let runs = 0;
+    app.post('/left', async (_request, reply) => {
+      runs++;
+      reply.code(201);
+      return { run: runs };
+    });
+    try {
+      await app.listen({ port: 0, host: '127.0.0.1' });
+      const origin = `http://127.0.0.1:${(app.server.address() as AddressInfo).port}`;
+      // Node's HTTP/2 compatibility response has no `destroyed`; its stream is what is destroyed.
+      expect(
+        await http2Post(origin, '/left', { 'idempotency-key': 'left-h2' }, { cancelAfterMs: 50 }),
+      ).toBeUndefined();
+      await sleep(50);
+      release();
+      await sleep(100);
+      expect(runs).toBe(0);
+      expect(await memory.get('left-h2')).toBeUndefined();
+      const retry = await http2Post(origin, '/left', { 'idempotency-key': 'left-h2' });
+      expect(retry?.status).toBe(201);
+      expect(JSON.parse(retry?.body ?? '')).toEqual({ run: 1 });
+    } finally {
+      await app.close();
     }
   });
 });

@@ -25,7 +25,8 @@ describe('@oncely/hono specifics', () => {
     let runs = 0;
     app.use(idempotency({ store: slow, lockTimeout: 60_000 }));
     app.post('/charges', (c) => c.json({ run: ++runs }, 201));
-    const server = createServer(getRequestListener(app.fetch));
+    // Without overriding the global Request and Response, which the later in-process tests use as undici's.
+    const server = createServer(getRequestListener(app.fetch, { overrideGlobalObjects: false }));
     server.listen(0, '127.0.0.1');
     await new Promise((resolve) => server.once('listening', resolve));
     try {

@@ -54,7 +54,9 @@ export function idempotency(options: KoaIdempotencyOptions = {}): Middleware {
     });
     // Something else answered while the store was asked (a timeout, say), or the client left: do nothing more, and
     // free the key we hold, so the client's retry runs the handler (Koa sends nothing to a closed socket).
-    if (ctx.res.headersSent || ctx.res.destroyed) {
+    // (Over HTTP/2, Node's compatibility response has no `destroyed`: its stream has.)
+    const res = ctx.res as typeof ctx.res & { stream?: { destroyed?: boolean } };
+    if (res.headersSent || res.destroyed === true || res.stream?.destroyed === true) {
       if (decision.action === 'execute') await decision.execution.fail(new Error('response already sent'));
       return;
     }

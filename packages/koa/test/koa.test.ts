@@ -1,10 +1,19 @@
 import { request as httpRequest } from 'node:http';
+import { createServer as createHttp2Server } from 'node:http2';
 import type { AddressInfo } from 'node:net';
 import { Readable } from 'node:stream';
 import { bodyParser } from '@koa/bodyparser';
 import Router from '@koa/router';
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
-import { binaryParser, expectedStream, gatedStore, recordingLogger, sleep, waitUntil } from '@oncely/testing';
+import {
+  binaryParser,
+  expectedStream,
+  gatedStore,
+  http2Post,
+  recordingLogger,
+  sleep,
+  waitUntil,
+} from '@oncely/testing';
 import Koa, { type Context } from 'koa';
 import compress from 'koa-compress';
 import request from 'supertest';
@@ -544,6 +553,38 @@ describe('@oncely/koa specifics', () => {
     const retry = await post(app, 'left-early').expect(201);
     expect(retry.body).toEqual({ run: 1 });
     expect(retry.headers['idempotent-replayed']).toBeUndefined();
+  });
+
+  test('over HTTP/2 the same: the client cancels its stream while the store is asked, and the key is free', async () => {
+    const { memory, slow, release } = gatedStore();
+    let runs = 0;
+    const app = appWith(
+      (ctx) => {
+        ctx.status = 201;
+        ctx.body = { run: ++runs };
+      },
+      { store: slow, lockTimeout: 60_000 },
+    );
+    const server = createHttp2Server(app.callback());
+    server.listen(0, '127.0.0.1');
+    await new Promise((resolve) => server.once('listening', resolve));
+    try {
+      const origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+      // Node's HTTP/2 compatibility response has no `destroyed`; its stream is what is destroyed.
+      expect(
+        await http2Post(origin, '/r', { 'idempotency-key': 'left-h2' }, { cancelAfterMs: 50 }),
+      ).toBeUndefined();
+      await sleep(50);
+      release();
+      await sleep(100);
+      expect(runs).toBe(0);
+      expect(await memory.get('left-h2')).toBeUndefined();
+      const retry = await http2Post(origin, '/r', { 'idempotency-key': 'left-h2' });
+      expect(retry?.status).toBe(201);
+      expect(JSON.parse(retry?.body ?? '')).toEqual({ run: 1 });
+    } finally {
+      await new Promise((resolve) => server.close(resolve));
+    }
   });
 
   test('a client that leaves while a stream body is read: the handler ran, so a retry gets 410, never a second run', async () => {

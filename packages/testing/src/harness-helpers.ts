@@ -1,4 +1,5 @@
 import type { Server } from 'node:http';
+import { connect, constants as http2Constants } from 'node:http2';
 import type { AddressInfo } from 'node:net';
 import { type IdempotencyOptions, MemoryStore } from '@oncely/core';
 import type { TestApp, TestAppOptions, TestRequest } from './http-suite';
@@ -36,6 +37,52 @@ export function gatedStore() {
     renew: memory.renew.bind(memory),
   };
   return { memory, slow, release };
+}
+
+/**
+ * A POST of `{}` over HTTP/2 to `origin` + `path` with these headers, on a session of its own. With `cancelAfterMs`
+ * the client cancels its stream then (RST_STREAM) and the answer is `undefined`; otherwise the status and body.
+ */
+export async function http2Post(
+  origin: string,
+  path: string,
+  headers: Record<string, string>,
+  options: { cancelAfterMs?: number } = {},
+): Promise<{ status: number; body: string } | undefined> {
+  const session = connect(origin);
+  session.on('error', () => {});
+  try {
+    return await new Promise((resolve, reject) => {
+      const stream = session.request({
+        ':method': 'POST',
+        ':path': path,
+        'content-type': 'application/json',
+        ...headers,
+      });
+      let status = 0;
+      let body = '';
+      stream.on('response', (answer) => {
+        status = Number(answer[':status']);
+      });
+      stream.setEncoding('utf8');
+      stream.on('data', (chunk: string) => {
+        body += chunk;
+      });
+      stream.on('end', () => resolve({ status, body }));
+      stream.on('error', (error) =>
+        options.cancelAfterMs === undefined ? reject(error) : resolve(undefined),
+      );
+      stream.end('{}');
+      if (options.cancelAfterMs !== undefined) {
+        setTimeout(() => {
+          stream.close(http2Constants.NGHTTP2_CANCEL);
+          resolve(undefined);
+        }, options.cancelAfterMs);
+      }
+    });
+  } finally {
+    session.destroy();
+  }
 }
 
 /** Listens on a free port of 127.0.0.1 and gives the suite its `TestApp`; `close` drops open connections. */

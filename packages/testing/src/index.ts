@@ -5,7 +5,7 @@ export {
   runRootScriptToEnd,
 } from './commands';
 export { type ConsumerProcess, sleep, startConsumerProcess, waitUntil } from './consumers';
-export { gatedStore, routeCounts, serveTestApp, viewOptions } from './harness-helpers';
+export { gatedStore, http2Post, routeCounts, serveTestApp, viewOptions } from './harness-helpers';
 export {
   type AdapterHarness,
   binaryParser,

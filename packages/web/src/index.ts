@@ -155,7 +155,13 @@ export async function respondOnce<Req>(
   if (decision.action === 'pass') return settledResponse(await run(undefined));
   if (decision.action === 'respond') return toResponse(decision.response);
   const { execution } = decision;
-  if (exchange.clientGone === undefined ? request.signal?.aborted === true : exchange.clientGone()) {
+  let gone = false;
+  try {
+    gone = exchange.clientGone === undefined ? request.signal?.aborted === true : exchange.clientGone();
+  } catch {
+    // A platform's getter that throws says nothing about the client: the handler runs, as it did before the check.
+  }
+  if (gone) {
     // The client left while the store was asked: the handler does not run for nobody, and the key is released,
     // so the client's retry runs it (as on Express, Fastify and Koa). The answer goes nowhere; 499 is what
     // access logs commonly call a request its client closed.
