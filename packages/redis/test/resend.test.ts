@@ -18,16 +18,22 @@ const LOCK_TIMEOUT = 60_000;
 // node-redis pings every half of it: long, so that the reply the proxy drops is the command's, not a PING's.
 const COMMAND_TIMEOUT = 20_000;
 
-/** A TCP proxy to `port`; `dropNextReply()` makes it swallow the next bytes Redis sends and cut the connection. */
+/**
+ * A TCP proxy to `port`; `dropNextReply()` makes it swallow the next bytes Redis sends and cut the connection;
+ * `holdNewConnections()` holds what connections made from then on send, until the function it returns is called.
+ */
 async function startProxy(port: number): Promise<{
   url: string;
   dropNextReply(): Promise<void>;
+  holdNewConnections(): () => void;
   close(): Promise<void>;
 }> {
   const sockets = new Set<Socket>();
   let armed: (() => void) | undefined;
+  let hold: Promise<void> | undefined;
   const server: Server = createServer((downstream) => {
     const upstream = connect(port, '127.0.0.1');
+    const held = hold;
     for (const socket of [downstream, upstream]) {
       sockets.add(socket);
       socket.on('error', () => {});
@@ -37,7 +43,10 @@ async function startProxy(port: number): Promise<{
         upstream.destroy();
       });
     }
-    downstream.on('data', (chunk) => upstream.write(chunk));
+    // Held chunks go on in the order they came (one promise, its reactions run in order).
+    downstream.on('data', (chunk) =>
+      held === undefined ? upstream.write(chunk) : void held.then(() => upstream.write(chunk)),
+    );
     upstream.on('data', (chunk) => {
       const dropped = armed;
       if (dropped === undefined) return void downstream.write(chunk);
@@ -55,6 +64,16 @@ async function startProxy(port: number): Promise<{
       new Promise<void>((resolve) => {
         armed = resolve;
       }),
+    holdNewConnections: () => {
+      let release!: () => void;
+      hold = new Promise<void>((resolve) => {
+        release = resolve;
+      });
+      return () => {
+        hold = undefined;
+        release();
+      };
+    },
     close: () =>
       new Promise<void>((resolve) => {
         for (const socket of sockets) socket.destroy();
@@ -141,6 +160,62 @@ describe.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))('RedisStor
     }
     // The first caller's lease is untouched either way.
     expect(await redis.cli('GET', `o:${key}`)).toBe(`p${(first as { token: string }).token}`);
+  });
+});
+
+describe.each(
+  CLIENT_KINDS.filter((kind) => kind.library === 'ioredis').map((kind) => [kind.name, kind] as const),
+)('RedisStore on %s, a waiter meanwhile', (_name, kind) => {
+  let redis: PrivateRedis;
+  let proxy: Awaited<ReturnType<typeof startProxy>>;
+  let connected: ConnectedClient;
+  let direct: ConnectedClient;
+  let store: RedisStore;
+  let waiter: RedisStore;
+
+  beforeAll(async () => {
+    redis = await startRedis();
+    proxy = await startProxy(redis.port);
+    connected = await kind.standalone(proxy.url, COMMAND_TIMEOUT);
+    direct = await kind.standalone(`redis://127.0.0.1:${redis.port}`, COMMAND_TIMEOUT);
+    store = new RedisStore({ client: connected.client, prefix: 'o:' });
+    // Another process's store, waiting for the key (wait mode), on a connection of its own.
+    waiter = new RedisStore({ client: direct.client, prefix: 'o:' });
+  });
+  afterAll(async () => {
+    await waiter?.close();
+    await store?.close();
+    await direct?.close();
+    await connected?.close();
+    await proxy?.close();
+    await redis?.stop();
+  });
+
+  test('resent after a waiter marked its lease (w): acquired, and its completion wakes the waiter', async () => {
+    const dropped = proxy.dropNextReply();
+    // The reconnection (and so the resend) waits until the waiter has marked the lease.
+    const release = proxy.holdNewConnections();
+    const acquiring = store.acquire('k', { fingerprint: 'fp', lockTimeoutMs: LOCK_TIMEOUT });
+    await dropped;
+    const woken = waiter.waitFor('k', 20_000).then(() => Date.now());
+    await waitUntil(
+      async () => (await redis.cli('GET', 'o:k')).startsWith('w'),
+      'the lease marked by the waiter',
+    );
+    release();
+    const result = await acquiring;
+    expect(result).toEqual({ status: 'acquired', token: expect.any(String) });
+    const { token } = result as { token: string };
+    // The lease is still the waiter's mark and this call's token: the resend took it as its own, untouched.
+    expect(await redis.cli('GET', 'o:k')).toBe(`w${token}`);
+    const completedAt = Date.now();
+    const body = new Uint8Array(Buffer.from('{"ok":true}'));
+    expect(await store.complete('k', token, { status: 201, headers: {}, body }, 60_000)).toBe(true);
+    // Woken by the completion's PUBLISH (the 'w' made it publish), not by its 20 s timeout.
+    expect((await woken) - completedAt).toBeLessThan(10_000);
+    expect(await waiter.acquire('k', { fingerprint: 'fp', lockTimeoutMs: LOCK_TIMEOUT })).toMatchObject({
+      status: 'completed',
+    });
   });
 });
 
