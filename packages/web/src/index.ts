@@ -78,7 +78,7 @@ export interface WebExchange<Req> {
    * Whether the client has gone (asked once the store has answered). Default: `request.signal.aborted`. Hono on
    * @hono/node-server reads Node's response instead, which costs no `AbortController`.
    */
-  clientGone?: () => boolean;
+  clientGone?: (target: Req) => boolean;
 }
 
 /** What `run` returns when the handler failed but the framework already turned the error into a response. */
@@ -157,7 +157,10 @@ export async function respondOnce<Req>(
   const { execution } = decision;
   let gone = false;
   try {
-    gone = exchange.clientGone === undefined ? request.signal?.aborted === true : exchange.clientGone();
+    gone =
+      exchange.clientGone === undefined
+        ? request.signal?.aborted === true
+        : exchange.clientGone(exchange.target);
   } catch {
     // A platform's getter that throws says nothing about the client: the handler runs, as it did before the check.
   }
