@@ -93,7 +93,10 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
         // (its 'close' came before the listener below exists, and NestJS then gives the request up): do nothing
         // more, and free the key if we hold it, so the client's retry runs the handler.
         if (res.headersSent || res.writableEnded || res.destroyed) {
-          if (decision.action === 'execute') void decision.execution.fail(new Error('response already sent'));
+          if (decision.action === 'execute')
+            void (res.headersSent || res.writableEnded
+              ? decision.execution.fail(new Error('response already sent'))
+              : decision.execution.clientGone());
           return;
         }
         if (decision.action === 'pass') return next();

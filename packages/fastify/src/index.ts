@@ -93,7 +93,10 @@ async function idempotencyPluginAsync(
         // Answered by something else while the store was asked, or the client left (its 'close' came before the
         // listener below exists): free the key if we hold it, so the client's retry runs the route, and skip the
         // handler (a hijacked reply is one Fastify neither handles nor sends), as the Express adapter does.
-        if (decision.action === 'execute') await decision.execution.fail(new Error('client gone'));
+        if (decision.action === 'execute')
+          await (reply.sent
+            ? decision.execution.fail(new Error('response already sent'))
+            : decision.execution.clientGone());
         if (!reply.sent) reply.hijack();
         return;
       }

@@ -3,7 +3,7 @@ import type { AddressInfo } from 'node:net';
 import { PassThrough, Readable } from 'node:stream';
 import { gunzipSync } from 'node:zlib';
 import compress from '@fastify/compress';
-import { gatedStore, http2Post } from '@oncely/testing';
+import { expectLeavingClientReleased, http2Post } from '@oncely/testing';
 import Fastify, { type FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
 import { idempotencyPlugin } from '../src';
@@ -255,65 +255,29 @@ describe('@oncely/fastify: every response settles its key', () => {
     }
   });
 
-  test('a client that goes away while the store is asked: the route does not run, and the key is free', async () => {
-    const { memory, slow, release } = gatedStore();
-    const app = Fastify();
-    await app.register(idempotencyPlugin, { store: slow, lockTimeout: 60_000 });
-    let runs = 0;
-    app.post('/left', async (_request, reply) => {
-      runs++;
-      reply.code(201);
-      return { run: runs };
-    });
-    try {
-      const base = await listen(app);
-      const gone = await post(base, '/left', { 'idempotency-key': 'left' }, { cutAfterMs: 50 });
-      expect(gone.aborted).toBe(true);
-      await sleep(50);
-      release();
-      await sleep(100);
-      // Before: the route ran for nobody and its reply was stored. Now it is skipped and the key released, so the
-      // client's retry runs it (with a lease of a minute, a key left leased would answer 409 to that retry).
-      expect(runs).toBe(0);
-      expect(await memory.get('left')).toBeUndefined();
-      const retry = await post(base, '/left', { 'idempotency-key': 'left' });
-      expect(retry.status).toBe(201);
-      expect(JSON.parse(retry.body.toString())).toEqual({ run: 1 });
-      expect(retry.headers['idempotent-replayed']).toBeUndefined();
-    } finally {
-      await close(app);
-    }
-  });
-
-  test('over HTTP/2 the same: the client cancels its stream while the store is asked, and the key is free', async () => {
-    const { memory, slow, release } = gatedStore();
-    const app = Fastify({ http2: true });
-    await app.register(idempotencyPlugin, { store: slow, lockTimeout: 60_000 });
-    let runs = 0;
-    app.post('/left', async (_request, reply) => {
-      runs++;
-      reply.code(201);
-      return { run: runs };
-    });
-    try {
+  // HTTP/1.1: the shared suite's "a client that leaves" (http.test.ts).
+  test('over HTTP/2: a client that cancels its stream while the store is asked is handled as one that left', () =>
+    expectLeavingClientReleased(async (options) => {
+      const app = Fastify({ http2: true });
+      await app.register(idempotencyPlugin, options);
+      let runs = 0;
+      app.post('/left', async (_request, reply) => {
+        runs++;
+        reply.code(201);
+        return { run: runs };
+      });
       await app.listen({ port: 0, host: '127.0.0.1' });
       const origin = `http://127.0.0.1:${(app.server.address() as AddressInfo).port}`;
-      // Node's HTTP/2 compatibility response has no `destroyed`; its stream is what is destroyed.
-      expect(
-        await http2Post(origin, '/left', { 'idempotency-key': 'left-h2' }, { cancelAfterMs: 50 }),
-      ).toBeUndefined();
-      await sleep(50);
-      release();
-      await sleep(100);
-      expect(runs).toBe(0);
-      expect(await memory.get('left-h2')).toBeUndefined();
-      const retry = await http2Post(origin, '/left', { 'idempotency-key': 'left-h2' });
-      expect(retry?.status).toBe(201);
-      expect(JSON.parse(retry?.body ?? '')).toEqual({ run: 1 });
-    } finally {
-      await app.close();
-    }
-  });
+      return {
+        // Node's HTTP/2 compatibility response has no `destroyed`; its stream is what is destroyed.
+        leave: async (key) => {
+          await http2Post(origin, '/left', { 'idempotency-key': key }, { cancelAfterMs: 50 });
+        },
+        retry: (key) => http2Post(origin, '/left', { 'idempotency-key': key }),
+        runs: () => runs,
+        close: () => app.close(),
+      };
+    }));
 });
 
 describe('@oncely/fastify: web Response payloads', () => {

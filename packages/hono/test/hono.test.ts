@@ -1,8 +1,5 @@
-import { createServer, request as httpRequest } from 'node:http';
-import type { AddressInfo } from 'node:net';
-import { getRequestListener } from '@hono/node-server';
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
-import { gatedStore, sleep } from '@oncely/testing';
+import { expectLeavingClientReleased, fetchHandlerClient } from '@oncely/testing';
 import { Hono } from 'hono';
 import { compress } from 'hono/compress';
 import { idempotency } from '../src';
@@ -19,66 +16,15 @@ const post = (app: Hono, path: string, key?: string, body = '{}', headers: Recor
   });
 
 describe('@oncely/hono specifics', () => {
-  test('a client that leaves while the store is asked, on @hono/node-server: the handler does not run, the key is free', async () => {
-    const { memory, slow, release } = gatedStore();
-    const app = new Hono();
-    let runs = 0;
-    app.use(idempotency({ store: slow, lockTimeout: 60_000 }));
-    app.post('/charges', (c) => c.json({ run: ++runs }, 201));
-    // Without overriding the global Request and Response, which the later in-process tests use as undici's.
-    const server = createServer(getRequestListener(app.fetch, { overrideGlobalObjects: false }));
-    server.listen(0, '127.0.0.1');
-    await new Promise((resolve) => server.once('listening', resolve));
-    try {
-      const req = httpRequest({
-        host: '127.0.0.1',
-        port: (server.address() as AddressInfo).port,
-        method: 'POST',
-        path: '/charges',
-        headers: { 'idempotency-key': 'gone', 'content-type': 'application/json' },
-      });
-      req.on('error', () => {});
-      req.end('{}');
-      await sleep(50);
-      req.destroy();
-      await sleep(50);
-      release();
-      await sleep(100);
-      // Before: the handler ran for nobody and its answer was stored. Now the key is released for the retry.
-      expect(runs).toBe(0);
-      expect(await memory.get('gone')).toBeUndefined();
-      const retry = await post(app, '/charges', 'gone');
-      expect(retry.status).toBe(201);
-      expect(retry.headers.get('idempotent-replayed')).toBeNull();
-      expect(runs).toBe(1);
-    } finally {
-      server.closeAllConnections();
-      await new Promise((resolve) => server.close(resolve));
-    }
-  });
-
-  test('a client that leaves while the store is asked, elsewhere (the signal aborted): the same', async () => {
-    const { memory, slow, release } = gatedStore();
-    const app = new Hono();
-    let runs = 0;
-    app.use(idempotency({ store: slow, lockTimeout: 60_000 }));
-    app.post('/charges', (c) => c.json({ run: ++runs }, 201));
-    const client = new AbortController();
-    const answer = app.request('/charges', {
-      method: 'POST',
-      body: '{}',
-      headers: { 'content-type': 'application/json', 'idempotency-key': 'gone' },
-      signal: client.signal,
-    });
-    await sleep(20);
-    client.abort();
-    release();
-    expect((await answer).status).toBe(499);
-    expect(runs).toBe(0);
-    expect(await memory.get('gone')).toBeUndefined();
-    expect((await post(app, '/charges', 'gone')).status).toBe(201);
-    expect(runs).toBe(1);
-  });
+  // On @hono/node-server: the shared suite's "a client that leaves" (http.test.ts).
+  test('elsewhere, a client that leaves while the store is asked is one whose signal aborted: answered 499, handled as one that left', () =>
+    expectLeavingClientReleased(async (options) => {
+      const app = new Hono();
+      let runs = 0;
+      app.use(idempotency(options));
+      app.post('/charges', (c) => c.json({ run: ++runs }, 201));
+      return fetchHandlerClient(app.fetch, 'http://localhost/charges', () => runs);
+    }));
 
   test('on one route, required: a request without a key gets 400; the others are untouched', async () => {
     const app = new Hono();

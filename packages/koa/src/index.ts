@@ -57,7 +57,10 @@ export function idempotency(options: KoaIdempotencyOptions = {}): Middleware {
     // (Over HTTP/2, Node's compatibility response has no `destroyed`: its stream has.)
     const res = ctx.res as typeof ctx.res & { stream?: { destroyed?: boolean } };
     if (res.headersSent || res.destroyed === true || res.stream?.destroyed === true) {
-      if (decision.action === 'execute') await decision.execution.fail(new Error('response already sent'));
+      if (decision.action === 'execute')
+        await (res.headersSent
+          ? decision.execution.fail(new Error('response already sent'))
+          : decision.execution.clientGone());
       return;
     }
     if (decision.action === 'pass') return next();

@@ -8,7 +8,7 @@ import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
 import {
   binaryParser,
   expectedStream,
-  gatedStore,
+  expectLeavingClientReleased,
   http2Post,
   recordingLogger,
   sleep,
@@ -534,58 +534,28 @@ describe('@oncely/koa specifics', () => {
     expect(runs).toBe(1);
   });
 
-  test('a client that leaves while the store is asked: the handler does not run, and the key is free', async () => {
-    const { memory, slow, release } = gatedStore();
-    let runs = 0;
-    const app = appWith(
-      (ctx) => {
+  // HTTP/1.1: the shared suite's "a client that leaves" (http.test.ts).
+  test('over HTTP/2: a client that cancels its stream while the store is asked is handled as one that left', () =>
+    expectLeavingClientReleased(async (options) => {
+      let runs = 0;
+      const app = appWith((ctx) => {
         ctx.status = 201;
         ctx.body = { run: ++runs };
-      },
-      { store: slow, lockTimeout: 60_000 },
-    );
-    // The client leaves at 50 ms; the store answers at 150 ms, to a response already destroyed.
-    setTimeout(release, 150);
-    await abortedPost(app, 'left-early', 50);
-    // Before: the handler ran for nobody and its answer was stored. Now the key is released, and the retry runs.
-    expect(runs).toBe(0);
-    expect(await memory.get('left-early')).toBeUndefined();
-    const retry = await post(app, 'left-early').expect(201);
-    expect(retry.body).toEqual({ run: 1 });
-    expect(retry.headers['idempotent-replayed']).toBeUndefined();
-  });
-
-  test('over HTTP/2 the same: the client cancels its stream while the store is asked, and the key is free', async () => {
-    const { memory, slow, release } = gatedStore();
-    let runs = 0;
-    const app = appWith(
-      (ctx) => {
-        ctx.status = 201;
-        ctx.body = { run: ++runs };
-      },
-      { store: slow, lockTimeout: 60_000 },
-    );
-    const server = createHttp2Server(app.callback());
-    server.listen(0, '127.0.0.1');
-    await new Promise((resolve) => server.once('listening', resolve));
-    try {
+      }, options);
+      const server = createHttp2Server(app.callback());
+      server.listen(0, '127.0.0.1');
+      await new Promise((resolve) => server.once('listening', resolve));
       const origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-      // Node's HTTP/2 compatibility response has no `destroyed`; its stream is what is destroyed.
-      expect(
-        await http2Post(origin, '/r', { 'idempotency-key': 'left-h2' }, { cancelAfterMs: 50 }),
-      ).toBeUndefined();
-      await sleep(50);
-      release();
-      await sleep(100);
-      expect(runs).toBe(0);
-      expect(await memory.get('left-h2')).toBeUndefined();
-      const retry = await http2Post(origin, '/r', { 'idempotency-key': 'left-h2' });
-      expect(retry?.status).toBe(201);
-      expect(JSON.parse(retry?.body ?? '')).toEqual({ run: 1 });
-    } finally {
-      await new Promise((resolve) => server.close(resolve));
-    }
-  });
+      return {
+        // Node's HTTP/2 compatibility response has no `destroyed`; its stream is what is destroyed.
+        leave: async (key) => {
+          await http2Post(origin, '/r', { 'idempotency-key': key }, { cancelAfterMs: 50 });
+        },
+        retry: (key) => http2Post(origin, '/r', { 'idempotency-key': key }),
+        runs: () => runs,
+        close: () => new Promise<void>((resolve) => server.close(() => resolve())),
+      };
+    }));
 
   test('a client that leaves while a stream body is read: the handler ran, so a retry gets 410, never a second run', async () => {
     let runs = 0;

@@ -1,7 +1,14 @@
-import type { Server } from 'node:http';
+import { randomUUID } from 'node:crypto';
+import { request as httpRequest, type Server } from 'node:http';
 import { connect, constants as http2Constants } from 'node:http2';
 import type { AddressInfo } from 'node:net';
-import { type IdempotencyOptions, MemoryStore } from '@oncely/core';
+import {
+  type IdempotencyHooks,
+  type IdempotencyOptions,
+  type IdempotencyStore,
+  MemoryStore,
+} from '@oncely/core';
+import { sleep, waitUntil } from './consumers';
 import type { TestApp, TestAppOptions, TestRequest } from './http-suite';
 
 /** Counts handler runs per route: `hit(route)` in a handler, `count(route)` for `TestApp.count`. */
@@ -41,14 +48,15 @@ export function gatedStore() {
 
 /**
  * A POST of `{}` over HTTP/2 to `origin` + `path` with these headers, on a session of its own. With `cancelAfterMs`
- * the client cancels its stream then (RST_STREAM) and the answer is `undefined`; otherwise the status and body.
+ * the client cancels its stream then (RST_STREAM) and the answer is `undefined`; otherwise the status, the body and
+ * whether it was a replay (`Idempotent-Replayed: true`).
  */
 export async function http2Post(
   origin: string,
   path: string,
   headers: Record<string, string>,
   options: { cancelAfterMs?: number } = {},
-): Promise<{ status: number; body: string } | undefined> {
+): Promise<{ status: number; body: string; replayed: boolean } | undefined> {
   const session = connect(origin);
   session.on('error', () => {});
   try {
@@ -60,15 +68,17 @@ export async function http2Post(
         ...headers,
       });
       let status = 0;
+      let replayed = false;
       let body = '';
       stream.on('response', (answer) => {
         status = Number(answer[':status']);
+        replayed = answer['idempotent-replayed'] === 'true';
       });
       stream.setEncoding('utf8');
       stream.on('data', (chunk: string) => {
         body += chunk;
       });
-      stream.on('end', () => resolve({ status, body }));
+      stream.on('end', () => resolve({ status, body, replayed }));
       stream.on('error', (error) =>
         options.cancelAfterMs === undefined ? reject(error) : resolve(undefined),
       );
@@ -83,6 +93,153 @@ export async function http2Post(
   } finally {
     session.destroy();
   }
+}
+
+/**
+ * A POST of `{}` over HTTP/1.1 to `url` + `path` with these headers. With `leaveAfterMs` the client closes its
+ * connection then, without waiting for an answer, and the answer is `undefined`; otherwise the status, the body and
+ * whether it was a replay (`Idempotent-Replayed: true`).
+ */
+export function http1Post(
+  url: string,
+  path: string,
+  headers: Record<string, string>,
+  options: { leaveAfterMs?: number } = {},
+): Promise<{ status: number; body: string; replayed: boolean } | undefined> {
+  const { hostname, port } = new URL(url);
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(
+      {
+        host: hostname,
+        port,
+        method: 'POST',
+        path,
+        headers: { 'content-type': 'application/json', ...headers },
+      },
+      (res) => {
+        let body = '';
+        res.setEncoding('utf8');
+        res.on('data', (chunk: string) => {
+          body += chunk;
+        });
+        res.on('end', () =>
+          resolve({
+            status: res.statusCode ?? 0,
+            body,
+            replayed: res.headers['idempotent-replayed'] === 'true',
+          }),
+        );
+      },
+    );
+    req.on('error', (error) => (options.leaveAfterMs === undefined ? reject(error) : resolve(undefined)));
+    req.end('{}');
+    if (options.leaveAfterMs !== undefined) {
+      setTimeout(() => {
+        req.destroy();
+        resolve(undefined);
+      }, options.leaveAfterMs);
+    }
+  });
+}
+
+/** What `expectLeavingClientReleased` gives the app it starts. */
+export interface LeavingClientOptions {
+  /** Acquires only when the test lets it: the request stays at "asking the store" while its client leaves. */
+  store: IdempotencyStore;
+  lockTimeout: number;
+  hooks: IdempotencyHooks;
+}
+
+/** The app under test, serving one covered route that answers 201 and counts its runs. */
+export interface LeavingClientApp {
+  /**
+   * Sends a request with `key` and gives up on it while the store is asked (closes the connection, cancels the
+   * stream, aborts the signal); resolves once the client has left. Where the caller still gets an answer (a fetch
+   * handler called in-process), `answered` is its status: 499 is expected.
+   */
+  // biome-ignore lint/suspicious/noConfusingVoidType: a client that leaves over a socket learns nothing more
+  leave(key: string): Promise<void | { answered: Promise<number> }>;
+  /** Sends the client's retry and gives its status and whether it was a replay. */
+  retry(key: string): Promise<{ status: number; replayed: boolean } | undefined>;
+  runs(): number;
+  close?(): Promise<void>;
+}
+
+/**
+ * "A client that leaves while the store is asked", on whatever transport `start` serves: once the store answers,
+ * the handler does not run (nobody would get its answer, and it would be stored for the retry to replay), the key
+ * is released with the reason `'client-gone'` (not left leased for `lockTimeout`, a minute here, which would answer
+ * the retry 409), and the client's retry runs the handler.
+ */
+export async function expectLeavingClientReleased(
+  start: (options: LeavingClientOptions) => Promise<LeavingClientApp>,
+): Promise<void> {
+  const { memory, slow, release } = gatedStore();
+  const reasons: string[] = [];
+  const app = await start({
+    store: slow,
+    lockTimeout: 60_000,
+    hooks: {
+      onRelease: (event) => {
+        reasons.push(event.reason);
+      },
+    },
+  });
+  const key = `left-${randomUUID()}`;
+  try {
+    const left = await app.leave(key);
+    // Let the server see the connection close before the store answers.
+    await sleep(50);
+    release();
+    if (left !== undefined) expect(await left.answered).toBe(499);
+    // A mistake shows as a handler run or no release at all, so wait for either, then assert which it was.
+    await waitUntil(() => reasons.length > 0 || app.runs() > 0, 'a release or a run', 2_000).catch(() => {});
+    await sleep(50);
+    expect(app.runs()).toBe(0);
+    expect(reasons).toEqual(['client-gone']);
+    expect(await memory.get(key)).toBeUndefined();
+    expect(await app.retry(key)).toMatchObject({ status: 201, replayed: false });
+    expect(app.runs()).toBe(1);
+  } finally {
+    release();
+    await app.close?.();
+  }
+}
+
+/**
+ * The `LeavingClientApp` of a fetch handler called in-process (`@oncely/web`'s, Hono's `app.fetch`): a client that
+ * leaves is one whose request's signal aborts, 20 ms after the request was handed over.
+ */
+export function fetchHandlerClient(
+  handle: (request: Request) => Response | Promise<Response>,
+  url: string,
+  runs: () => number,
+): LeavingClientApp {
+  const send = (key: string, signal?: AbortSignal) =>
+    Promise.resolve(
+      handle(
+        new Request(url, {
+          method: 'POST',
+          body: '{}',
+          headers: { 'content-type': 'application/json', 'idempotency-key': key },
+          ...(signal === undefined ? {} : { signal }),
+        }),
+      ),
+    );
+  return {
+    leave: async (key) => {
+      const client = new AbortController();
+      const answered = send(key, client.signal).then((answer) => answer.status);
+      await sleep(20);
+      client.abort();
+      return { answered };
+    },
+    retry: async (key) => {
+      const answer = await send(key);
+      return { status: answer.status, replayed: answer.headers.get('idempotent-replayed') === 'true' };
+    },
+    runs,
+  };
 }
 
 /** Listens on a free port of 127.0.0.1 and gives the suite its `TestApp`; `close` drops open connections. */

@@ -3,6 +3,7 @@ import type { IncomingHttpHeaders } from 'node:http';
 import { connect } from 'node:net';
 import { type IdempotencyOptions, type IdempotencyStore, type Logger, scopeByHeader } from '@oncely/core';
 import request from 'supertest';
+import { expectLeavingClientReleased, http1Post } from './harness-helpers';
 
 /** What the suite's option callbacks may read from a request, whatever the framework. */
 export interface TestRequest {
@@ -845,6 +846,20 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
         await request(app.url).post('/charges').send({}).expect(201);
         expect(app.count('charges')).toBe(1);
       });
+    });
+
+    describe('a client that leaves', () => {
+      test('while the store is asked: the handler does not run, and the key is released for its retry', () =>
+        expectLeavingClientReleased(async (options) => {
+          const app = await make(options);
+          return {
+            leave: async (key) => {
+              await http1Post(app.url, '/charges', { 'idempotency-key': key }, { leaveAfterMs: 50 });
+            },
+            retry: (key) => http1Post(app.url, '/charges', { 'idempotency-key': key }),
+            runs: () => app.count('charges'),
+          };
+        }));
     });
 
     describe('hooks', () => {

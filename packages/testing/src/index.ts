@@ -5,7 +5,18 @@ export {
   runRootScriptToEnd,
 } from './commands';
 export { type ConsumerProcess, sleep, startConsumerProcess, waitUntil } from './consumers';
-export { gatedStore, http2Post, routeCounts, serveTestApp, viewOptions } from './harness-helpers';
+export {
+  expectLeavingClientReleased,
+  fetchHandlerClient,
+  gatedStore,
+  http1Post,
+  http2Post,
+  type LeavingClientApp,
+  type LeavingClientOptions,
+  routeCounts,
+  serveTestApp,
+  viewOptions,
+} from './harness-helpers';
 export {
   type AdapterHarness,
   binaryParser,

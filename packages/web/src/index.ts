@@ -168,7 +168,7 @@ export async function respondOnce<Req>(
     // The client left while the store was asked: the handler does not run for nobody, and the key is released,
     // so the client's retry runs it (as on Express, Fastify and Koa). The answer goes nowhere; 499 is what
     // access logs commonly call a request its client closed.
-    await execution.fail(new Error('client gone'));
+    await execution.clientGone();
     return new Response(null, { status: 499 });
   }
   let response: Response | HandlerFailure | KnownBody;

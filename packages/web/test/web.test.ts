@@ -1,6 +1,6 @@
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
 import { idempotency } from '@oncely/express';
-import { gatedStore, sleep } from '@oncely/testing';
+import { expectLeavingClientReleased, fetchHandlerClient } from '@oncely/testing';
 import express from 'express';
 import request from 'supertest';
 import { idempotencyOf, withIdempotency } from '../src';
@@ -23,34 +23,13 @@ const post = (
   } as RequestInit);
 
 describe('@oncely/web specifics', () => {
-  test('a client that leaves while the store is asked (its signal aborted): the handler does not run, the key is free', async () => {
-    const { memory, slow, release } = gatedStore();
-    let runs = 0;
-    const handler = withIdempotency(async () => Response.json({ run: ++runs }, { status: 201 }), {
-      store: slow,
-      lockTimeout: 60_000,
-    });
-    const client = new AbortController();
-    const request = new Request('http://localhost/r', {
-      method: 'POST',
-      body: '{}',
-      headers: { 'content-type': 'application/json', 'idempotency-key': 'gone' },
-      signal: client.signal,
-    });
-    const answer = handler(request);
-    await sleep(20);
-    client.abort();
-    release();
-    // Nobody reads this answer; its status is what an access log records.
-    expect((await answer).status).toBe(499);
-    expect(runs).toBe(0);
-    // Released, not leased for a minute: the client's retry runs the handler.
-    expect(await memory.get('gone')).toBeUndefined();
-    const retry = await handler(post('/r', 'gone'));
-    expect(retry.status).toBe(201);
-    expect(retry.headers.get('idempotent-replayed')).toBeNull();
-    expect(runs).toBe(1);
-  });
+  // A client that leaves is one whose request's signal aborted; over @hono/node-server, the suite's (http.test.ts).
+  test('a client that leaves while the store is asked: answered 499 (to no one), handled as one that left', () =>
+    expectLeavingClientReleased(async (options) => {
+      let runs = 0;
+      const handler = withIdempotency(async () => Response.json({ run: ++runs }, { status: 201 }), options);
+      return fetchHandlerClient(handler, 'http://localhost/r', () => runs);
+    }));
 
   test('extra arguments (env, ctx, a route context) reach the handler unchanged', async () => {
     const seen: unknown[] = [];

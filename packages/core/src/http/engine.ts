@@ -15,6 +15,7 @@ import { type KeyProblem, parseKey } from './key';
 import {
   type IdempotencyHooks,
   type IdempotencyOptions,
+  type ReleaseEvent,
   type ResolvedOptions,
   resolveOptions,
 } from './options';
@@ -557,6 +558,17 @@ export class Execution {
   }
 
   /**
+   * The client left while the store was asked, before the handler ran (the adapter found its response destroyed,
+   * its stream cancelled or its request's signal aborted when the store answered): release the key, reported with
+   * the reason `'client-gone'`, so that the client's retry runs the handler. The adapter skips the handler.
+   */
+  async clientGone(): Promise<void> {
+    if (this.#settle() || this.#token === undefined) return;
+    this.#log.debug({ key: this.key }, 'oncely: the client left before the handler ran; releasing the key');
+    await this.#release('client-gone');
+  }
+
+  /**
    * The adapter lost track of the handler: the framework gave it up (the client left, a timeout fired) while it
    * may still be running, and what is sent now is not its answer. Nothing is stored or released, since a retry
    * must not run beside it: the lease is no longer renewed and lapses after `lockTimeout`, as if the process had
@@ -585,7 +597,7 @@ export class Execution {
     return false;
   }
 
-  async #release(reason: 'not-cacheable' | 'error', status?: number): Promise<void> {
+  async #release(reason: ReleaseEvent['reason'], status?: number): Promise<void> {
     if (this.#transaction !== undefined) {
       try {
         await this.#transaction.rollback();

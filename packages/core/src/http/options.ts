@@ -34,7 +34,12 @@ export interface FencedEvent extends IdempotencyEvent {
 export interface ReleaseEvent extends IdempotencyEvent {
   /** Who reported it: the engine (`'http'`) or `idempotent()` (`'consumer'`). */
   adapter?: AdapterKind;
-  reason: 'not-cacheable' | 'error';
+  /**
+   * Why the key was released: `'not-cacheable'` (the status is not one `cacheable` keeps; `status` says which),
+   * `'error'` (the handler or function threw, or the framework routed an error), `'client-gone'` (HTTP only: the
+   * client left while the store was asked, so the handler did not run).
+   */
+  reason: 'not-cacheable' | 'error' | 'client-gone';
   status?: number;
 }
 export interface CompleteEvent extends IdempotencyEvent {
