@@ -548,8 +548,8 @@ describe('@oncely/koa specifics', () => {
       const origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
       return {
         // Node's HTTP/2 compatibility response has no `destroyed`; its stream is what is destroyed.
-        leave: async (key) => {
-          await http2Post(origin, '/r', { 'idempotency-key': key }, { cancelAfterMs: 50 });
+        leave: async (key, asked) => {
+          await http2Post(origin, '/r', { 'idempotency-key': key }, { cancelWhen: asked });
         },
         retry: (key) => http2Post(origin, '/r', { 'idempotency-key': key }),
         runs: () => runs,

@@ -37,6 +37,8 @@ export interface TestApp {
 export interface AdapterHarness {
   name: string;
   create(options: TestAppOptions): Promise<TestApp>;
+  /** The store its apps get when a test gives none (set by `onStore`); a MemoryStore of their own otherwise. */
+  store?(): IdempotencyStore;
 }
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -137,6 +139,7 @@ export function onStore(
     name: `${harness.name} on ${storeName}`,
     create: (options) =>
       harness.create(options.store === undefined ? { ...options, store: store() } : options),
+    store,
   };
 }
 
@@ -853,13 +856,13 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
         expectLeavingClientReleased(async (options) => {
           const app = await make(options);
           return {
-            leave: async (key) => {
-              await http1Post(app.url, '/charges', { 'idempotency-key': key }, { leaveAfterMs: 50 });
+            leave: async (key, asked) => {
+              await http1Post(app.url, '/charges', { 'idempotency-key': key }, { leaveWhen: asked });
             },
             retry: (key) => http1Post(app.url, '/charges', { 'idempotency-key': key }),
             runs: () => app.count('charges'),
           };
-        }));
+        }, harness.store?.()));
     });
 
     describe('hooks', () => {
