@@ -262,7 +262,7 @@ export function idempotentWorker<J extends PgBossJob, Db>(
               ...(shared.ttl === undefined ? {} : { ttl: shared.ttl }),
               ...(fingerprint === undefined ? {} : { fingerprint }),
             },
-            work(job, key),
+            (db: Db) => observe.execute(key, () => work(job, key)(db)),
           );
   }
   const runtime = consumerRuntime<J>(

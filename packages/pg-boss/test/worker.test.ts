@@ -2,7 +2,13 @@
  * @services postgres
  */
 import { randomUUID } from 'node:crypto';
-import { IdempotencyOptionsError, MemoryStore, PermanentError } from '@oncely/core';
+import {
+  IdempotencyInProgressError,
+  IdempotencyOptionsError,
+  idempotent,
+  MemoryStore,
+  PermanentError,
+} from '@oncely/core';
 import { idempotentWorker, type PgBossSettledEvent } from '@oncely/pg-boss';
 import { PostgresStore } from '@oncely/postgres';
 import { waitUntil } from '@oncely/testing';
@@ -430,6 +436,49 @@ describe('transactional mode', () => {
     expect(await store.get('tx-3')).toBeUndefined();
     await boss.offWork(name);
   });
+
+  test.each([
+    // An inner call whose result cannot be stored: UnstorableResultError, "executed", about the inner key.
+    [
+      'UnstorableResultError',
+      (key: string) =>
+        idempotent(async () => undefined, { store: new MemoryStore(), key: () => `inner-${key}` })(),
+    ],
+    // Settled as a conflict on this job's key, it would be delayed in the worker and run again, attempt uncounted.
+    [
+      'IdempotencyInProgressError',
+      async (key: string) => {
+        throw new IdempotencyInProgressError(`inner-${key}`, 1_000);
+      },
+    ],
+  ] as const)(
+    'an oncely error thrown by fn (an inner idempotent() call’s %s) is fn failing: the write rolls back and the job is retried, never completed on it',
+    async (name, innerCall) => {
+      const queueName = await queue({ retryLimit: 1, retryDelay: 0 });
+      let runs = 0;
+      await boss.work<Data>(
+        queueName,
+        work,
+        idempotentWorker(
+          async (job: Job, { key, db: client }) => {
+            runs++;
+            await insertShipment(client, key, job.data.n);
+            if (runs === 1) await innerCall(key);
+            return { run: runs };
+          },
+          { boss, store, transactional: true },
+        ),
+      );
+      const key = `tx-inner-${name}`;
+      const job = await settledJob(boss, queueName, await send(queueName, { idempotencyKey: key, n: 4 }));
+      expect(job.state).toBe('completed');
+      expect(job.retryCount).toBe(1);
+      expect(runs).toBe(2);
+      expect(job.output).toEqual({ run: 2 });
+      expect(await rows(key)).toBe(1);
+      await boss.offWork(queueName);
+    },
+  );
 
   test('hooks see the transactional path as the plain one: acquire, commit (complete) and rollback (release) timed, the work in flight', async () => {
     const name = await queue({ retryLimit: 1, retryDelay: 0 });

@@ -237,7 +237,8 @@ export interface ConsumerBroker<M> {
 /**
  * What the runtime hands `runInTransaction` so that the transactional path is observed like the plain one: run the
  * transaction on `store(yours)` (`runStoreTransaction(observe.store(store), ...)`) and the work inside
- * `execute(key, work)`, and `onStoreOperation`, `onExecutionStart`/`End` (hence `otel()`) see it all.
+ * `execute(key, work)`, and `onStoreOperation`, `onExecutionStart`/`End` (hence `otel()`) see it all. The work must
+ * run inside `execute`: what it throws is then settled as a failure of the work, whatever its class.
  */
 export interface TransactionObservation {
   /** The store as the runtime observes it: timed when an `onStoreOperation` hook is set, else the store itself. */
@@ -412,6 +413,7 @@ export function consumerRuntime<M>(
     transaction: NonNullable<ConsumerBroker<M>['runInTransaction']>,
     msg: M,
     key: string,
+    workThrew: () => void,
   ): Promise<{ outcome: 'executed' | 'replayed'; result: unknown }> => {
     if (key.length > maxKeyLength) {
       rejected();
@@ -439,7 +441,21 @@ export function consumerRuntime<M>(
       }
     }
     try {
-      const done = await transaction(msg, key, messageFingerprint as string | undefined, observation);
+      // The work runs inside the broker's transaction, past decide()'s own wrapper: what it throws is marked here,
+      // so that an oncely error class thrown by the work (an inner idempotent() call's) is settled as a failure
+      // of the work, not as this key's own conflict or unstorable result (which would complete the job).
+      const done = await transaction(msg, key, messageFingerprint as string | undefined, {
+        store: (store) => observation.store(store),
+        execute: (executionKey, work) =>
+          observation.execute(executionKey, async () => {
+            try {
+              return await work();
+            } catch (error) {
+              workThrew();
+              throw error;
+            }
+          }),
+      });
       decided(done.outcome, key);
       return done;
     } catch (error) {
@@ -498,7 +514,9 @@ export function consumerRuntime<M>(
         const { outcome, result } =
           runInTransaction === undefined
             ? await run(msg, key, work)
-            : await inTransaction(runInTransaction, msg, key);
+            : await inTransaction(runInTransaction, msg, key, () => {
+                workThrew = true;
+              });
         return { key, settlement: { action: 'ack', reason: outcome }, ...(storeResults ? { result } : {}) };
       } catch (error) {
         return { key, settlement: settlementFor(policy, error, failuresBefore, workThrew) };
