@@ -94,7 +94,15 @@ async function call(
     const timeout = Math.min(o.timeout, deadlineAt - Date.now());
     const { outcome, response, detach } = await sendOnce(send, template, body, attempt, timeout, signal);
     attempts.push(outcome);
-    if (response !== undefined && (!retryable || !o.retryOn.has(response.status))) return response;
+    // A replayed answer is final, whatever its status: the operation ran once and answered that (a handler's own
+    // 409 or 429, stored); retrying would get the same replay until the attempts ran out.
+    if (
+      response !== undefined &&
+      (!retryable ||
+        !o.retryOn.has(response.status) ||
+        response.headers.get('idempotent-replayed') === 'true')
+    )
+      return response;
     detach();
 
     const retryAfter = outcome.kind === 'response' ? outcome.retryAfterMs : undefined;

@@ -131,12 +131,20 @@ function integerAtLeast(option: string, value: unknown, min: number, fallback: n
   return value;
 }
 
-/** Milliseconds: a finite number ≥ 0, or Infinity where `unlimited` allows it. */
+// The longest a timer can wait: setTimeout fires a longer delay after 1 ms (Node warns, browsers say nothing).
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** Milliseconds: a number from 0 to MAX_TIMER_MS (24.8 days), or Infinity where `unlimited` allows it. */
 function duration(option: string, value: unknown, fallback: number, unlimited: boolean): number {
   if (value === undefined) return fallback;
   const ok =
-    typeof value === 'number' && value >= 0 && (Number.isFinite(value) || (unlimited && value === Infinity));
-  if (!ok) fail(option, `must be milliseconds, a number ≥ 0${unlimited ? ' (or Infinity)' : ''}`, value);
+    typeof value === 'number' && value >= 0 && (value <= MAX_TIMER_MS || (unlimited && value === Infinity));
+  if (!ok)
+    fail(
+      option,
+      `must be milliseconds, a number from 0 to ${MAX_TIMER_MS} (24.8 days, the longest a timer waits)${unlimited ? ', or Infinity for no limit' : ''}`,
+      value,
+    );
   return value;
 }
 

@@ -52,10 +52,25 @@ describe('options are checked once, when idempotentFetch is called', () => {
   test.each<[string, Record<string, unknown>, RegExp]>([
     ['maxAttempts', { maxAttempts: 1.5 }, /maxAttempts must be an integer ≥ 1; got 1\.5/],
     ['timeout', { timeout: 0 }, /timeout must be > 0 \(Infinity for no timeout\); got 0/],
-    ['timeout', { timeout: -1 }, /timeout must be milliseconds, a number ≥ 0 \(or Infinity\); got -1/],
+    [
+      'timeout',
+      { timeout: -1 },
+      /timeout must be milliseconds, a number from 0 to 2147483647 \(24\.8 days, the longest a timer waits\), or Infinity for no limit; got -1/,
+    ],
+    [
+      'timeout',
+      { timeout: 3e9 },
+      /timeout must be milliseconds, a number from 0 to 2147483647.*got 3000000000/,
+    ],
+    ['deadline', { deadline: 2 ** 31 }, /deadline must be milliseconds.*got 2147483648/],
+    ['maxDelay', { maxDelay: 2 ** 31 }, /maxDelay must be milliseconds.*got 2147483648/],
     ['timeout', { timeout: '10s' }, /timeout must be milliseconds.*got "10s"/],
     ['deadline', { deadline: Number.NaN }, /deadline must be milliseconds.*got NaN/],
-    ['baseDelay', { baseDelay: Infinity }, /baseDelay must be milliseconds, a number ≥ 0; got Infinity/],
+    [
+      'baseDelay',
+      { baseDelay: Infinity },
+      /baseDelay must be milliseconds, a number from 0 to 2147483647 \(24\.8 days, the longest a timer waits\); got Infinity/,
+    ],
     ['maxDelay', { baseDelay: 500, maxDelay: 100 }, /maxDelay must be ≥ baseDelay \(500\)/],
     ['maxRetryAfter', { maxRetryAfter: -5 }, /maxRetryAfter must be milliseconds/],
     [
@@ -118,6 +133,13 @@ describe('retry rules', () => {
     expect(res.status).toBe(201);
     expect(requests).toHaveLength(2);
     expect(requests[1]?.headers.get('idempotency-key')).toBe(requests[0]?.headers.get('idempotency-key'));
+  });
+
+  test('a replayed answer (Idempotent-Replayed: true) is returned even with a retried status: it is final', async () => {
+    const { requests, fetch } = scriptedFetch([409, 201], { 'idempotent-replayed': 'true' });
+    const res = await idempotentFetch({ fetch, baseDelay: 1 })('http://api.test/charges', { method: 'POST' });
+    expect(res.status).toBe(409);
+    expect(requests).toHaveLength(1);
   });
 
   test('retryOn replaces the retried statuses', async () => {

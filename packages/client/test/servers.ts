@@ -15,6 +15,7 @@ import Fastify from 'fastify';
  * - `POST /echo?times=N`: keeps the body's bytes in `bodies`; the first N runs answer 503, later ones 201 with the
  *   bytes back.
  * - `GET /items?times=N`: the first N runs answer 503, later ones 200 `{ n }`.
+ * - `POST /taken`: the handler's own 409 `{ n, error: 'taken' }` (stored by oncely, as any answer under 500).
  */
 export interface TestServer {
   url: string;
@@ -97,6 +98,9 @@ export const expressServer: ServerKind = {
       if (n <= times(req.query)) return void res.status(503).json({ n });
       res.status(201).type('application/octet-stream').send(req.body);
     });
+    app.post('/taken', (_req: Request, res: Response) => {
+      res.status(409).json({ n: state.hit('taken'), error: 'taken' });
+    });
     app.get('/items', (req: Request, res: Response) => {
       const n = state.hit('items');
       res.status(n <= times(req.query) ? 503 : 200).json({ n, key: req.header('idempotency-key') ?? null });
@@ -149,6 +153,9 @@ export const fastifyServer: ServerKind = {
       if (n <= times(request.query)) return reply.code(503).send({ n });
       return reply.code(201).type('application/octet-stream').send(body);
     });
+    app.post('/taken', async (_request, reply) =>
+      reply.code(409).send({ n: state.hit('taken'), error: 'taken' }),
+    );
     app.get('/items', async (request, reply) => {
       const n = state.hit('items');
       const key = request.headers['idempotency-key'] ?? null;

@@ -132,6 +132,18 @@ export function clientSuite(kind: ServerKind, storeName: string, store: () => Id
       expect(app.count('charges')).toBe(1);
     });
 
+    test('a handler’s own 409, stored: the retry gets its replay, which is returned, not retried; one execution', async () => {
+      const app = await start();
+      const { sent, fetch } = recordingFetch();
+      const res = await idempotentFetch({ ...quick, fetch })(`${app.url}/taken`, json({}));
+      expect(res.status).toBe(409);
+      expect(res.headers.get('idempotent-replayed')).toBe('true');
+      expect(await res.json()).toEqual({ n: 1, error: 'taken' });
+      // The first 409 could be oncely's "in progress", so it is retried once; the replay says it was not.
+      expect(sent).toHaveLength(2);
+      expect(app.count('taken')).toBe(1);
+    });
+
     test('400 (a malformed key the caller gave) is returned, not retried', async () => {
       const app = await start();
       const { sent, fetch } = recordingFetch();
