@@ -114,6 +114,93 @@ describe('fingerprint', () => {
     );
   });
 
+  test('the same text as the recursive builder it replaced (kept here as the oracle): stored fingerprints stay valid', () => {
+    // The builder of earlier versions, as it was: fingerprints already stored were made by it.
+    const recursive = (value: unknown): string => {
+      if (value === null || typeof value !== 'object') {
+        const json = JSON.stringify(value);
+        return json === undefined ? 'null' : json;
+      }
+      const withToJson = value as { toJSON?: () => unknown };
+      if (typeof withToJson.toJSON === 'function') return recursive(withToJson.toJSON());
+      if (Array.isArray(value)) {
+        let out = '[';
+        for (let i = 0; i < value.length; i++) out += (i === 0 ? '' : ',') + recursive(value[i]);
+        return `${out}]`;
+      }
+      const record = value as Record<string, unknown>;
+      let out = '{';
+      for (const key of Object.keys(record).sort()) {
+        const item = record[key];
+        if (item === undefined || typeof item === 'function' || typeof item === 'symbol') continue;
+        out += `${out.length === 1 ? '' : ','}${JSON.stringify(key)}:${recursive(item)}`;
+      }
+      return `${out}}`;
+    };
+    let seed = 7;
+    const random = () => {
+      seed = (seed * 1_103_515_245 + 12_345) % 2 ** 31;
+      return seed / 2 ** 31;
+    };
+    // Unsorted keys, so that the built path (not the native stringify) answers; every kind of member.
+    const keys = ['z', 'b', '10', '2', 'a', 'é', '', 'a"b', '{', '}'];
+    const leaves = (): unknown[] => [
+      0,
+      -1.5,
+      '',
+      '{',
+      'x}',
+      true,
+      false,
+      null,
+      undefined,
+      () => 1,
+      Symbol('s'),
+      new Date(0),
+      { toJSON: () => undefined },
+      { toJSON: () => ({ y: 1, x: [2, { toJSON: () => 'inner' }] }) },
+      new Number(3),
+      new Map([['k', 1]]),
+      [],
+      {},
+    ];
+    const make = (depth: number): unknown => {
+      const pick = random();
+      if (depth > 5 || pick < 0.3) {
+        const all = leaves();
+        return all[Math.floor(random() * all.length)];
+      }
+      if (pick < 0.55) {
+        const array: unknown[] = Array.from({ length: Math.floor(random() * 5) }, () => make(depth + 1));
+        if (random() < 0.1) array.length += 2; // holes
+        return array;
+      }
+      const object: Record<string, unknown> = {};
+      for (const key of keys) if (random() < 0.45) object[key] = make(depth + 1);
+      return object;
+    };
+    for (let i = 0; i < 2000; i++) {
+      const value = make(0);
+      expect(canonicalJson(value)).toBe(recursive(value));
+    }
+  });
+
+  test('a body nested deeper than the call stack goes is fingerprinted; a cycle is refused with a RangeError', () => {
+    // 20,000 levels: what 40 KB of a JSON body parses to, far past the depth a recursive builder survives.
+    const depth = 20_000;
+    const arrays = JSON.parse(`${'['.repeat(depth)}${']'.repeat(depth)}`) as unknown;
+    expect(canonicalJson(arrays)).toBe(`${'['.repeat(depth)}${']'.repeat(depth)}`);
+    const objects = JSON.parse(`${'{"b":1,"a":'.repeat(depth)}0${'}'.repeat(depth)}`) as unknown;
+    expect(canonicalJson(objects)).toBe(`${'{"a":'.repeat(depth)}0${',"b":1}'.repeat(depth)}`);
+    expect(defaultFingerprint('POST', '/a', arrays)).toMatch(/^[\w-]{43}$/);
+    expect(defaultFingerprint('POST', '/a', objects)).not.toBe(defaultFingerprint('POST', '/a', arrays));
+    const cycle: Record<string, unknown> = { b: 1 };
+    cycle.a = cycle;
+    expect(() => canonicalJson(cycle)).toThrow(RangeError);
+    const endless: { toJSON(): unknown } = { toJSON: () => endless };
+    expect(() => canonicalJson({ b: endless, a: 1 })).toThrow(RangeError);
+  });
+
   test('key order and query parameter order do not change it', () => {
     expect(defaultFingerprint('POST', '/a?x=1&y=2', { a: 1, b: 2 })).toBe(
       defaultFingerprint('POST', '/a?y=2&x=1', { b: 2, a: 1 }),

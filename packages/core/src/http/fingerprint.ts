@@ -67,25 +67,92 @@ function isCanonical(value: unknown, depth: number): boolean {
   return true;
 }
 
-function buildCanonical(value: unknown): string {
-  if (value === null || typeof value !== 'object') {
-    const json = JSON.stringify(value);
-    return json === undefined ? 'null' : json;
+/**
+ * A container `buildCanonical` is writing: an array, or an object with its keys sorted; `next` is what comes next,
+ * `written` whether a member was (an object skips undefined members, so `next` cannot tell).
+ */
+interface OpenContainer {
+  items: unknown[] | Record<string, unknown>;
+  keys: string[] | undefined;
+  next: number;
+  written: boolean;
+}
+
+// Deeper than this is taken for a cycle (an object that contains itself: no JSON parser makes one) and refused, as
+// the recursion it replaces refused it by running out of stack. A JSON body this deep is over 200 KB of brackets.
+const MAX_DEPTH = 100_000;
+// A toJSON() that returns an object with a toJSON() of its own, and so on: past this, taken for a loop.
+const MAX_TO_JSON_CHAIN = 100;
+
+/**
+ * The canonical form, built with a stack of its own rather than by recursion: a parsed body may nest deeper than the
+ * call stack goes (10 KB of `[`...`]` is 5,000 levels, which `JSON.parse` and body parsers accept), and a fingerprint
+ * must not fail where the parser did not. The output is exactly the recursive version's (a test keeps that one as
+ * its oracle): stored fingerprints stay valid across versions.
+ */
+function buildCanonical(root: unknown): string {
+  const open: OpenContainer[] = [];
+  let out = '';
+  let value = root;
+  for (;;) {
+    // Write `value`: a primitive whole, a container its opening bracket.
+    for (let chain = 0; value !== null && typeof value === 'object'; chain++) {
+      const withToJson = value as { toJSON?: () => unknown };
+      if (typeof withToJson.toJSON !== 'function') break;
+      if (chain === MAX_TO_JSON_CHAIN)
+        throw new RangeError('canonicalJson: toJSON() results chain without end');
+      value = withToJson.toJSON();
+    }
+    if (value === null || typeof value !== 'object') {
+      out += JSON.stringify(value) ?? 'null';
+    } else {
+      if (open.length === MAX_DEPTH)
+        throw new RangeError(`canonicalJson: nested deeper than ${MAX_DEPTH} levels (a cycle?)`);
+      if (Array.isArray(value)) {
+        out += '[';
+        open.push({ items: value, keys: undefined, next: 0, written: false });
+      } else {
+        out += '{';
+        open.push({
+          items: value as Record<string, unknown>,
+          keys: Object.keys(value).sort(),
+          next: 0,
+          written: false,
+        });
+      }
+    }
+    // Find the next value to write, closing each container that has none left.
+    let more = false;
+    while (!more && open.length > 0) {
+      const top = open[open.length - 1] as OpenContainer;
+      if (top.keys === undefined) {
+        const items = top.items as unknown[];
+        if (top.next < items.length) {
+          if (top.next > 0) out += ',';
+          value = items[top.next++];
+          more = true;
+        } else {
+          out += ']';
+          open.pop();
+        }
+        continue;
+      }
+      const record = top.items as Record<string, unknown>;
+      while (top.next < top.keys.length) {
+        const key = top.keys[top.next++] as string;
+        const item = record[key];
+        if (item === undefined || typeof item === 'function' || typeof item === 'symbol') continue;
+        out += `${top.written ? ',' : ''}${JSON.stringify(key)}:`;
+        top.written = true;
+        value = item;
+        more = true;
+        break;
+      }
+      if (!more) {
+        out += '}';
+        open.pop();
+      }
+    }
+    if (!more) return out;
   }
-  const withToJson = value as { toJSON?: () => unknown };
-  if (typeof withToJson.toJSON === 'function') return buildCanonical(withToJson.toJSON());
-  // Built by appending, without intermediate arrays.
-  if (Array.isArray(value)) {
-    let out = '[';
-    for (let i = 0; i < value.length; i++) out += (i === 0 ? '' : ',') + buildCanonical(value[i]);
-    return `${out}]`;
-  }
-  const record = value as Record<string, unknown>;
-  let out = '{';
-  for (const key of Object.keys(record).sort()) {
-    const item = record[key];
-    if (item === undefined || typeof item === 'function' || typeof item === 'symbol') continue;
-    out += `${out.length === 1 ? '' : ','}${JSON.stringify(key)}:${buildCanonical(item)}`;
-  }
-  return `${out}}`;
 }
