@@ -229,8 +229,13 @@ export class RedisStore implements IdempotencyStore {
    * If the subscription cannot be made, waiters sleep until their timeout and the engine polls.
    */
   async waitFor(key: string, timeoutMs: number): Promise<void> {
-    // After close(), never open a subscriber again (it would keep the process alive): the engine polls instead.
-    if (this.#closed) return;
+    // After close(), never open a subscriber again (it would keep the process alive): sleep out the slice, as a
+    // waiter without a subscription does. Returning at once would have the engine's wait loop ask again at once,
+    // thousands of times a second, for as long as its wait lasts.
+    if (this.#closed) {
+      await new Promise<void>((resolve) => setTimeout(resolve, timeoutMs).unref());
+      return;
+    }
     let wake!: () => void;
     const woken = new Promise<void>((resolve) => {
       wake = resolve;

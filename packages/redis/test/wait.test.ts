@@ -93,3 +93,33 @@ test('without a working subscription, waiters still get the replay by polling', 
   for (const res of responses) expect(res.body).toEqual({ run: 1 });
   await pollingStore.close();
 });
+
+test('an ioredis client with keyPrefix: a waiter wakes on the completion, not at its timeout', async () => {
+  const prefixed = new Redis(redis.url, { keyPrefix: 'app:' });
+  const store = new RedisStore({ client: prefixed, prefix: 'prefixed:' });
+  try {
+    const acquired = await store.acquire('k', { fingerprint: 'f', lockTimeoutMs: 30_000 });
+    if (acquired.status !== 'acquired') throw new Error('expected to acquire');
+    const started = Date.now();
+    const woken = store.waitFor('k', 20_000).then(() => Date.now() - started);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    expect(
+      await store.complete('k', acquired.token, { status: 201, headers: {}, body: new Uint8Array() }, 60_000),
+    ).toBe(true);
+    // The PUBLISH carried "app:prefixed:k"; matched as "prefixed:k", long before the 20 s timeout.
+    expect(await woken).toBeLessThan(10_000);
+    expect(await prefixed.exists('prefixed:k')).toBe(1);
+  } finally {
+    await store.close();
+    await prefixed.quit();
+  }
+});
+
+test('after close(), waitFor sleeps out its slice instead of returning at once (no busy loop in wait mode)', async () => {
+  const store = new RedisStore({ client, prefix: 'closed:' });
+  await store.close();
+  const started = Date.now();
+  await store.waitFor('k', 400);
+  // At once, the engine would ask the store again straight away, thousands of times a second.
+  expect(Date.now() - started).toBeGreaterThanOrEqual(350);
+});

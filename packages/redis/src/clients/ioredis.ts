@@ -63,7 +63,13 @@ export function ioredisConnection(client: object): RedisConnection {
       const subscriber = redis.duplicate();
       // Without a listener ioredis would print every reconnection error; waiters already degrade to polling.
       subscriber.on('error', () => {});
-      subscriber.on('message', (_channel: never, message: never) => onMessage(String(message)));
+      // The message is the script's KEYS[1], which ioredis prefixed with the client's `keyPrefix` (channels it
+      // leaves alone): the store knows its keys without it.
+      const keyPrefix = (redis as { options?: { keyPrefix?: unknown } }).options?.keyPrefix;
+      const strip = typeof keyPrefix === 'string' && keyPrefix !== '' ? keyPrefix.length : 0;
+      subscriber.on('message', (_channel: never, message: never) =>
+        onMessage(strip === 0 ? String(message) : String(message).slice(strip)),
+      );
       // Subscribed once connected: the duplicate inherits the client's options, and with the recommended
       // `enableOfflineQueue: false` a SUBSCRIBE sent while it connects would fail.
       const ready = new Promise<void>((resolve) => subscriber.once('ready', () => resolve())).then(() =>
