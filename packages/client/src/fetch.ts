@@ -24,7 +24,7 @@ export type IdempotentFetch = (
 type AttemptResult = {
   outcome: AttemptOutcome;
   response: Response | undefined;
-  /** Stops forwarding the caller's abort to this attempt (kept on the response the caller gets, for its body). */
+  /** Stops forwarding the caller's abort to this attempt (kept while the caller reads the body it gets). */
   detach: () => void;
 };
 
@@ -102,7 +102,7 @@ async function call(
         !o.retryOn.has(response.status) ||
         response.headers.get('idempotent-replayed') === 'true')
     )
-      return response;
+      return signal === undefined ? response : detachedWhenRead(response, detach);
     detach();
 
     const retryAfter = outcome.kind === 'response' ? outcome.retryAfterMs : undefined;
@@ -131,6 +131,51 @@ async function call(
     o.onRetry?.({ key, method, url: template.url, attempt: attempt + 1, delayMs, previous: outcome });
     await sleep(delayMs, signal);
   }
+}
+
+/**
+ * The response the caller gets when it gave a signal: its abort still reaches the body while the body is read (as
+ * with fetch), and our listener on the signal goes once the body is done (read to the end, cancelled or failed),
+ * not when the signal does: a signal shared by many calls (an app's shutdown signal) would otherwise gather one
+ * listener, and the request it holds, per call. The body is passed through a stream of our own to see its end;
+ * `url`, `redirected` and `type` are the original's.
+ */
+function detachedWhenRead(response: Response, detach: () => void): Response {
+  const source = response.body;
+  if (source === null) {
+    detach();
+    return response;
+  }
+  const reader = source.getReader();
+  const body = new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      try {
+        const chunk = await reader.read();
+        if (chunk.done) {
+          detach();
+          controller.close();
+        } else controller.enqueue(chunk.value);
+      } catch (error) {
+        detach();
+        controller.error(error);
+      }
+    },
+    cancel(reason) {
+      detach();
+      return reader.cancel(reason);
+    },
+  });
+  const passed = new Response(body, {
+    status: response.status,
+    statusText: response.statusText,
+    headers: response.headers,
+  });
+  Object.defineProperties(passed, {
+    url: { value: response.url },
+    redirected: { value: response.redirected },
+    type: { value: response.type },
+  });
+  return passed;
 }
 
 async function sendOnce(

@@ -1,3 +1,4 @@
+import { getEventListeners } from 'node:events';
 import { readdirSync, readFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -388,6 +389,61 @@ describe('aborts', () => {
     }).catch((e: unknown) => e);
     expect((error as Error).name).toBe('AbortError');
     expect(requests).toHaveLength(0);
+  });
+});
+
+describe('a signal shared by many calls', () => {
+  test('keeps no listener of a call whose body was read, cancelled or absent', async () => {
+    const { fetch } = scriptedFetch([201]);
+    const shared = new AbortController();
+    const client = idempotentFetch({ fetch });
+    for (let i = 0; i < 30; i++) {
+      const res = await client('http://api.test/x', { method: 'POST', signal: shared.signal });
+      if (i % 3 === 0) expect(await res.json()).toEqual({ n: expect.any(Number) });
+      else if (i % 3 === 1) await res.body?.cancel();
+      else await res.arrayBuffer();
+    }
+    expect(getEventListeners(shared.signal, 'abort')).toHaveLength(0);
+    // A response with no body (204) lets go at once.
+    const { fetch: noBody } = scriptedFetch([204]);
+    const empty = await idempotentFetch({ fetch: noBody })('http://api.test/x', {
+      method: 'POST',
+      signal: shared.signal,
+    });
+    expect(empty.status).toBe(204);
+    expect(getEventListeners(shared.signal, 'abort')).toHaveLength(0);
+  });
+
+  test('an abort while the body is read still fails the read; status, headers and url are the response’s', async () => {
+    const shared = new AbortController();
+    const fetch = async (request: Request) => {
+      // Headers at once, then a body that ends only when the request is aborted, as a slow download does.
+      const body = new ReadableStream<Uint8Array>({
+        start(controller) {
+          controller.enqueue(new Uint8Array([1, 2]));
+          request.signal.addEventListener('abort', () => controller.error(request.signal.reason));
+        },
+      });
+      const answer = new Response(body, { status: 201, statusText: 'Made', headers: { 'x-id': '7' } });
+      Object.defineProperty(answer, 'url', { value: request.url });
+      return answer;
+    };
+    const res = await idempotentFetch({ fetch })('http://api.test/slow', {
+      method: 'POST',
+      signal: shared.signal,
+    });
+    expect([res.status, res.statusText, res.headers.get('x-id'), res.url]).toEqual([
+      201,
+      'Made',
+      '7',
+      'http://api.test/slow',
+    ]);
+    const reader = (res.body as ReadableStream<Uint8Array>).getReader();
+    expect((await reader.read()).value).toEqual(new Uint8Array([1, 2]));
+    expect(getEventListeners(shared.signal, 'abort')).toHaveLength(1);
+    shared.abort(new Error('user left'));
+    await expect(reader.read()).rejects.toThrow('user left');
+    expect(getEventListeners(shared.signal, 'abort')).toHaveLength(0);
   });
 });
 
