@@ -82,6 +82,12 @@ async function call(
     key = newKey();
   }
   if (key !== undefined && headerKey === null) template.headers.set(o.header, key);
+  // A browser drops every header but a few from a no-cors request, the key among them, and hides the answer's
+  // status: the retries would go without a key, and could run the operation again.
+  if (key !== undefined && template.mode === 'no-cors')
+    throw new TypeError(
+      `oncely: a request with mode 'no-cors' cannot carry an ${o.header} (browsers drop the header, so a retry could run the operation twice); send it with mode 'cors' and list ${o.header} in the server's Access-Control-Allow-Headers`,
+    );
 
   // Retrying is safe with a key (the server runs the operation once), or for a method HTTP defines as idempotent.
   const retryable = key !== undefined || o.idempotentMethods.has(method);

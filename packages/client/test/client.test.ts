@@ -299,6 +299,20 @@ describe('keys', () => {
     expect(requests).toHaveLength(0);
   });
 
+  test("a keyed request with mode 'no-cors' is refused before sending (browsers would drop the key); a GET without one is sent", async () => {
+    const { requests, fetch } = scriptedFetch([200]);
+    const client = idempotentFetch({ fetch });
+    await expect(client('http://api.test/x', { method: 'POST', mode: 'no-cors' })).rejects.toThrow(
+      /mode 'no-cors' cannot carry an Idempotency-Key/,
+    );
+    await expect(client('http://api.test/x', { method: 'GET', mode: 'no-cors', key: 'k-1' })).rejects.toThrow(
+      TypeError,
+    );
+    expect(requests).toHaveLength(0);
+    expect((await client('http://api.test/x', { mode: 'no-cors' })).status).toBe(200);
+    expect(requests).toHaveLength(1);
+  });
+
   test('a per-call key on a GET makes it a keyed request', async () => {
     const { requests, fetch } = scriptedFetch([200]);
     await idempotentFetch({ fetch })('http://api.test/x', { key: 'report-7' });
