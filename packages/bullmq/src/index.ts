@@ -172,7 +172,8 @@ export function idempotentProcessor<R, J extends BullmqJob = Job<unknown, unknow
     switch (settlement.action) {
       case 'ack':
         report(job, key, settlement, failuresBefore);
-        // `unstorable`: the work ran, but its value has no JSON form (BullMQ could not store it either).
+        // `unstorable`: the work ran, but its value could not be stored (no JSON form, or over maxResultBytes):
+        // the job completes with null, as every duplicate will (docs/consumers.md).
         return (result ?? null) as R;
       case 'delay': {
         if (typeof token !== 'string') {
