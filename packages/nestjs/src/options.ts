@@ -52,7 +52,15 @@ const MODULE_OPTIONS = new Set(['global']);
 
 /** Checks the module's options once, when Nest creates the module: every mistake names the option. */
 export function resolveModuleOptions(options: IdempotencyModuleOptions | undefined): ModuleConfig {
-  const given = options ?? {};
+  // Only forRootAsync's factory can give anything else (forRoot defaults to {}): a factory that forgot its
+  // `return` would otherwise start with a MemoryStore of this process's own, without a word.
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) {
+    throw new IdempotencyOptionsError(
+      'useFactory',
+      `must return the options object (or {}); it returned ${options === null ? 'null' : Array.isArray(options) ? 'an array' : typeof options}. An arrow function with a block body needs its \`return\`, or write useFactory: (config) => ({ store: ... }).`,
+    );
+  }
+  const given = options;
   const engine = new Idempotency<IdempotentRequest>(given, undefined, MODULE_OPTIONS);
   const { global = false, ...shared } = given;
   if (typeof global !== 'boolean') {

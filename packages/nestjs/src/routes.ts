@@ -6,7 +6,7 @@ import type { RequestHandler } from 'express';
 import type { FastifyInstance } from 'fastify';
 import { IDEMPOTENT_METADATA, type IdempotentSetting } from './decorators';
 import { enteredRequests } from './entered';
-import { checkRouteOptions, type ModuleConfig } from './options';
+import { checkRouteOptions, type IdempotentOptions, type ModuleConfig } from './options';
 import { IDEMPOTENCY_CONFIG } from './tokens';
 
 // Nest's own metadata keys, written out: '@nestjs/common/constants' has no `exports` map, so an ES module
@@ -140,10 +140,10 @@ export class IdempotencyRoutes implements RouteMounter {
   ): ExpressRoute | null {
     let route: ExpressRoute | null = null;
     if (setting !== false && (setting !== undefined || this.#config.global)) {
-      const own = setting !== undefined && Object.keys(setting).length > 0;
+      const own = setting === undefined ? undefined : optionsSet(setting);
       const headers = (Reflect.getMetadata(HEADERS_METADATA, handler) ?? []) as { name: string }[];
       route = {
-        middleware: own ? idempotency({ ...this.#config.shared, ...setting }) : this.#module(),
+        middleware: own !== undefined ? idempotency({ ...this.#config.shared, ...own }) : this.#module(),
         decoratorHeaders: headers.map((header) => header.name),
       };
     }
@@ -217,12 +217,37 @@ function writeFastifyConfig(
   Reflect.defineMetadata(FASTIFY_ROUTE_CONFIG_METADATA, { ...config, idempotency: setting }, handler);
 }
 
-/** Two marks with the same options (each `@Idempotent()` makes an object of its own). */
+/**
+ * The options a mark sets, or `undefined` when it sets none: its own keys, symbols included (`...otel()` is one),
+ * whose value is not `undefined`. An option given as `undefined` inherits the module's, as on Fastify (where the
+ * route's engine is the module's `with()` the mark); spread over the module's options it would reset it to the
+ * default instead (another `scope`, a store of its own).
+ */
+function optionsSet(setting: object): IdempotentOptions | undefined {
+  const set: Record<PropertyKey, unknown> = {};
+  let any = false;
+  for (const key of Reflect.ownKeys(setting)) {
+    const value = (setting as Record<PropertyKey, unknown>)[key];
+    if (value === undefined) continue;
+    set[key] = value;
+    any = true;
+  }
+  return any ? (set as IdempotentOptions) : undefined;
+}
+
+/** Two marks with the same options (each `@Idempotent()` makes an object of its own); symbol keys count. */
 function sameSetting(a: IdempotentSetting | undefined, b: IdempotentSetting | undefined): boolean {
   if (a === b) return true;
   if (typeof a !== 'object' || typeof b !== 'object') return false;
-  const keys = Object.keys(a) as (keyof typeof a)[];
-  return keys.length === Object.keys(b).length && keys.every((key) => a[key] === b[key]);
+  const ownA = optionsSet(a) ?? {};
+  const ownB = optionsSet(b) ?? {};
+  const keys = Reflect.ownKeys(ownA);
+  return (
+    keys.length === Reflect.ownKeys(ownB).length &&
+    keys.every(
+      (key) => (ownA as Record<PropertyKey, unknown>)[key] === (ownB as Record<PropertyKey, unknown>)[key],
+    )
+  );
 }
 
 function toArray<T>(value: T | T[] | undefined): T[] {

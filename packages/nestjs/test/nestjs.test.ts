@@ -23,6 +23,7 @@ import {
   type NestInterceptor,
   Post,
   Query,
+  Req,
   RequestTimeoutException,
   Res,
   Sse,
@@ -32,7 +33,7 @@ import {
   UseInterceptors,
 } from '@nestjs/common';
 import { APP_INTERCEPTOR } from '@nestjs/core';
-import { MemoryStore } from '@oncely/core';
+import { MemoryStore, OBSERVERS } from '@oncely/core';
 import { binaryParser, routeCounts, type TestApp } from '@oncely/testing';
 import compression from 'compression';
 import { catchError, map, type Observable, TimeoutError, tap, throwError, timeout, timer } from 'rxjs';
@@ -383,6 +384,75 @@ describe.each(['express', 'fastify'] as const)('@oncely/nestjs on %s', (platform
       await expect(
         start(IdempotencyModule.forRoot({ golbal: true } as unknown as IdempotencyModuleOptions)),
       ).rejects.toThrow(/option "golbal" is not an oncely option/);
+    });
+
+    test('forRootAsync: a factory that returns nothing fails at startup, naming useFactory', async () => {
+      await expect(
+        start(
+          IdempotencyModule.forRootAsync({
+            // A block body without its return: the mistake this guards against.
+            useFactory: (() => {}) as unknown as () => IdempotencyModuleOptions,
+          }),
+        ),
+      ).rejects.toThrow(
+        /option "useFactory" must return the options object \(or \{\}\); it returned undefined/,
+      );
+    });
+
+    test('an option given as undefined in @Idempotent() inherits the module’s (scope, store, observers), as on both platforms', async () => {
+      const store = new MemoryStore();
+      const decisions: string[] = [];
+      @Controller('inherit')
+      class InheritController {
+        @Post('scoped')
+        @Idempotent({ required: true, scope: undefined, store: undefined })
+        scoped(@Req() req: { headers: Record<string, string> }) {
+          return { user: req.headers['x-user'] };
+        }
+        @Post('observed')
+        @Idempotent({
+          [OBSERVERS]: [{ onDecision: (event: { outcome: string }) => decisions.push(event.outcome) }],
+        })
+        observed() {
+          return {};
+        }
+      }
+      const counts = routeCounts();
+      const app = await serveNest(
+        platform,
+        {
+          imports: [
+            IdempotencyModule.forRoot({
+              store,
+              scope: (req) => `user:${String((req.headers as Record<string, unknown>)['x-user'])}`,
+            }),
+          ],
+          controllers: [InheritController],
+        },
+        counts.count,
+      );
+      apps.push(app);
+      const key = newKey();
+      const alice = await request(app.url)
+        .post('/inherit/scoped')
+        .set('Idempotency-Key', key)
+        .set('x-user', 'alice')
+        .send({});
+      const bob = await request(app.url)
+        .post('/inherit/scoped')
+        .set('Idempotency-Key', key)
+        .set('x-user', 'bob')
+        .send({});
+      expect(alice.body).toEqual({ user: 'alice' });
+      // The module's scope kept the two users apart: bob's request ran, it is not alice's replay.
+      expect(bob.headers['idempotent-replayed']).toBeUndefined();
+      expect(bob.body).toEqual({ user: 'bob' });
+      // And the records are in the module's store, which other processes share.
+      expect(store.size).toBe(2);
+      // A mark made only of a symbol key (what ...otel() gives) is the route's own.
+      await request(app.url).post('/inherit/observed').set('Idempotency-Key', key).send({}).expect(201);
+      await request(app.url).post('/inherit/observed').set('Idempotency-Key', key).send({}).expect(201);
+      expect(decisions).toEqual(['executed', 'replayed']);
     });
 
     test("a handler's wrong @Idempotent() options fail at startup, naming the option and the handler", async () => {
