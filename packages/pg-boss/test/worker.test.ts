@@ -480,6 +480,52 @@ describe('transactional mode', () => {
     },
   );
 
+  test('a store that fails to begin the transaction: delayed as a store error (no attempt counted, decision store_error), then run once', async () => {
+    const name = await queue({ retryLimit: 0 });
+    const decisions: string[] = [];
+    const { events, onSettled } = recorder();
+    let failures = 1;
+    // The PostgresStore, except that its first acquire fails as a database that is down would.
+    const flaky = Object.create(store, {
+      acquireInTransaction: {
+        value: (...args: Parameters<PostgresStore['acquireInTransaction']>) =>
+          failures-- > 0
+            ? Promise.reject(new Error('connect ECONNREFUSED 127.0.0.1:5432'))
+            : store.acquireInTransaction(...args),
+      },
+    }) as PostgresStore;
+    let runs = 0;
+    await boss.work<Data>(
+      name,
+      work,
+      idempotentWorker(
+        async (job: Job, { key, db: client }) => {
+          runs++;
+          return { shipment: await insertShipment(client, key, job.data.n) };
+        },
+        {
+          boss,
+          store: flaky,
+          transactional: true,
+          inProgressDelay: 100,
+          onSettled,
+          hooks: { onDecision: (event) => decisions.push(event.outcome) },
+        },
+      ),
+    );
+    const job = await settledJob(boss, name, await send(name, { idempotencyKey: 'tx-store-down', n: 6 }));
+    // With retryLimit 0, a failure counted against the job would have failed it.
+    expect(job.state).toBe('completed');
+    expect(runs).toBe(1);
+    expect(await rows('tx-store-down')).toBe(1);
+    expect(decisions).toEqual(['store_error', 'executed']);
+    expect(events.map((event) => `${event.action}:${event.reason}`)).toEqual([
+      'delay:store-error',
+      'ack:executed',
+    ]);
+    await boss.offWork(name);
+  });
+
   test('hooks see the transactional path as the plain one: acquire, commit (complete) and rollback (release) timed, the work in flight', async () => {
     const name = await queue({ retryLimit: 1, retryDelay: 0 });
     const operations: string[] = [];

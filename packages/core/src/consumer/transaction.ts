@@ -1,5 +1,5 @@
 import type { TransactionalIdempotencyStore } from '../stores/store';
-import { IdempotencyInProgressError, IdempotencyMismatchError } from './errors';
+import { IdempotencyInProgressError, IdempotencyMismatchError, IdempotencyStoreError } from './errors';
 
 export interface StoreTransactionOptions {
   /** Compared with a completed record's; `undefined`: not checked (and stored as ''). */
@@ -14,8 +14,8 @@ export interface StoreTransactionOptions {
  * Runs `work` once per key inside one store transaction that also writes the completion, so the work's own writes
  * and its record commit together (a consumer's side effects in the same database). A duplicate gets the stored
  * result (`replayed`); a duplicate of a transaction still open gets `IdempotencyInProgressError`; a key reused with
- * another fingerprint gets `IdempotencyMismatchError`; an error thrown by `work` rolls everything back and is
- * re-thrown. The result is stored as JSON. `PostgresStore.transaction()` and the transactional consumers
+ * another fingerprint gets `IdempotencyMismatchError`; a store that fails to begin gets `IdempotencyStoreError` (its
+ * `cause` the store's error); an error thrown by `work` rolls everything back and is re-thrown. The result is stored as JSON. `PostgresStore.transaction()` and the transactional consumers
  * (`@oncely/pg-boss`) run on this, the latter over the store as the consumer runtime observes it (timed, with the
  * work counted in flight).
  */
@@ -26,10 +26,17 @@ export async function runStoreTransaction<T, Db = unknown>(
   work: (db: Db) => Promise<T>,
 ): Promise<{ outcome: 'executed' | 'replayed'; result: T }> {
   const fingerprint = options.fingerprint ?? '';
-  const acquired = await store.acquireInTransaction(key, {
-    fingerprint,
-    lockTimeoutMs: options.lockTimeoutMs ?? 30_000,
-  });
+  let acquired: Awaited<ReturnType<TransactionalIdempotencyStore['acquireInTransaction']>>;
+  try {
+    acquired = await store.acquireInTransaction(key, {
+      fingerprint,
+      lockTimeoutMs: options.lockTimeoutMs ?? 30_000,
+    });
+  } catch (error) {
+    // Nothing ran: the same error as idempotent()'s, so that a consumer delays the message (a store outage is not
+    // a failure of the work) and reports the decision as store_error.
+    throw new IdempotencyStoreError(key, 'acquire', { cause: error });
+  }
   if (acquired.status === 'in_progress') throw new IdempotencyInProgressError(key, acquired.retryAfterMs);
   if (acquired.status === 'completed') {
     if (options.fingerprint !== undefined && acquired.fingerprint !== fingerprint)
