@@ -185,9 +185,9 @@ describe('fingerprint', () => {
     }
   });
 
-  test('a body nested deeper than the call stack goes is fingerprinted; a cycle is refused with a RangeError', () => {
-    // 20,000 levels: what 40 KB of a JSON body parses to, far past the depth a recursive builder survives.
-    const depth = 20_000;
+  test('a body nested deeper than the call stack goes is fingerprinted; a cycle is refused', () => {
+    // 200,001 levels: what 400 KB of a JSON body parses to, far past the depth a recursive builder survives.
+    const depth = 200_001;
     const arrays = JSON.parse(`${'['.repeat(depth)}${']'.repeat(depth)}`) as unknown;
     expect(canonicalJson(arrays)).toBe(`${'['.repeat(depth)}${']'.repeat(depth)}`);
     const objects = JSON.parse(`${'{"b":1,"a":'.repeat(depth)}0${'}'.repeat(depth)}`) as unknown;
@@ -196,7 +196,18 @@ describe('fingerprint', () => {
     expect(defaultFingerprint('POST', '/a', objects)).not.toBe(defaultFingerprint('POST', '/a', arrays));
     const cycle: Record<string, unknown> = { b: 1 };
     cycle.a = cycle;
-    expect(() => canonicalJson(cycle)).toThrow(RangeError);
+    expect(() => canonicalJson(cycle)).toThrow(/contains itself/);
+    // A long cycle, and a deep one: found once the check begins, however deep it starts.
+    const ring: Record<string, unknown>[] = Array.from({ length: 1_500 }, () => ({ b: 1 }));
+    ring.forEach((item, i) => {
+      item.a = ring[(i + 1) % ring.length];
+    });
+    expect(() => canonicalJson(ring[0])).toThrow(/contains itself/);
+    // The same object twice, side by side (not a cycle), deep down: written twice.
+    const shared = { x: 1 };
+    let deep: unknown = { b: shared, a: shared };
+    for (let i = 0; i < 2_000; i++) deep = [deep];
+    expect(canonicalJson(deep)).toBe(`${'['.repeat(2_000)}{"a":{"x":1},"b":{"x":1}}${']'.repeat(2_000)}`);
     const endless: { toJSON(): unknown } = { toJSON: () => endless };
     expect(() => canonicalJson({ b: endless, a: 1 })).toThrow(RangeError);
   });

@@ -78,9 +78,9 @@ interface OpenContainer {
   written: boolean;
 }
 
-// Deeper than this is taken for a cycle (an object that contains itself: no JSON parser makes one) and refused, as
-// the recursion it replaces refused it by running out of stack. A JSON body this deep is over 200 KB of brackets.
-const MAX_DEPTH = 100_000;
+// From this depth on, each container opened is checked against those still open: a value that contains itself (no
+// JSON parser makes one) would otherwise be written forever. Below it no parsed body pays for the check.
+const CYCLE_CHECK_DEPTH = 1_000;
 // A toJSON() that returns an object with a toJSON() of its own, and so on: past this, taken for a loop.
 const MAX_TO_JSON_CHAIN = 100;
 
@@ -92,6 +92,7 @@ const MAX_TO_JSON_CHAIN = 100;
  */
 function buildCanonical(root: unknown): string {
   const open: OpenContainer[] = [];
+  let ancestors: Set<object> | undefined;
   let out = '';
   let value = root;
   for (;;) {
@@ -106,8 +107,11 @@ function buildCanonical(root: unknown): string {
     if (value === null || typeof value !== 'object') {
       out += JSON.stringify(value) ?? 'null';
     } else {
-      if (open.length === MAX_DEPTH)
-        throw new RangeError(`canonicalJson: nested deeper than ${MAX_DEPTH} levels (a cycle?)`);
+      if (open.length >= CYCLE_CHECK_DEPTH) {
+        ancestors ??= new Set(open.map((container) => container.items));
+        if (ancestors.has(value)) throw new TypeError('canonicalJson: the value contains itself (a cycle)');
+        ancestors.add(value);
+      }
       if (Array.isArray(value)) {
         out += '[';
         open.push({ items: value, keys: undefined, next: 0, written: false });
@@ -133,6 +137,7 @@ function buildCanonical(root: unknown): string {
           more = true;
         } else {
           out += ']';
+          ancestors?.delete(top.items);
           open.pop();
         }
         continue;
@@ -150,6 +155,7 @@ function buildCanonical(root: unknown): string {
       }
       if (!more) {
         out += '}';
+        ancestors?.delete(top.items);
         open.pop();
       }
     }
