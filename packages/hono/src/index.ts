@@ -1,5 +1,10 @@
-import { Idempotency, type IdempotencyContext, type IdempotencyOptions } from '@oncely/core';
-import { HandlerFailure, KnownBody, respondOnce } from '@oncely/web';
+import {
+  Idempotency,
+  type IdempotencyContext,
+  type IdempotencyOptions,
+  type StoredResponse,
+} from '@oncely/core';
+import { HandlerFailure, KnownBody, respondOnce, toResponse } from '@oncely/web';
 import type { Context, Env, MiddlewareHandler } from 'hono';
 
 /**
@@ -51,8 +56,9 @@ export function idempotency<E extends Env = Env>(
         // read here instead of reading the stream again. A clone (two more streams) cost ~20% of a request.
         readBody: (json) => (json ? c.req.text() : c.req.arrayBuffer()),
         headers: nodeHeaders(c),
-        // A function of the context, not a closure over it: nothing more allocated per request.
+        // Functions of the context, not closures over it: nothing more allocated per request.
         clientGone,
+        respond: withOuterHeaders,
       },
       async (context) => {
         ran = true;
@@ -73,7 +79,13 @@ export function idempotency<E extends Env = Env>(
         return new KnownBody(res, known.borrowed ? new Uint8Array(known.body) : known.body);
       },
     );
-    if (!ran) return response; // a replay or a problem: Hono sends what the middleware returns
+    if (!ran) {
+      // A replay or a problem, made by withOuterHeaders: set as c.res without Hono's merge (done already; its
+      // re-wrap would turn the body into a stream, +70 µs per replay in micro/http.ts on @hono/node-server).
+      c.res = undefined as unknown as Response;
+      c.res = response;
+      return;
+    }
     if (response !== c.res) {
       // Unset first: over an existing response, Hono's setter re-wraps the new one (a Response and a stream more)
       // to copy the old one's headers, which \`response\` already has.
@@ -96,6 +108,24 @@ function nodeHeaders(c: Context): Readonly<Record<string, string | string[] | un
   return typeof headers === 'object' && headers !== null
     ? (headers as Readonly<Record<string, string | string[] | undefined>>)
     : undefined;
+}
+
+/**
+ * A replay or a problem answer with the headers that middleware outside oncely set on this request before it
+ * (`c.header()`: a request id, a session cookie; CORS writes `c.res.headers`): they win over stored ones of the same
+ * name, as Hono's own merge into a response does (`Content-Type` excepted; `Set-Cookie` only theirs, since a stored
+ * record never has one), so a replay carries this request's id, not the first one's. Reading `c.res` is how Hono
+ * gives them (it makes a response of the prepared headers).
+ */
+function withOuterHeaders(answer: StoredResponse, c: Context): Response {
+  const outer = c.res.headers;
+  let headers: Record<string, string | string[]> | undefined;
+  for (const [name, value] of outer) {
+    if (name === 'content-type') continue;
+    headers ??= { ...answer.headers };
+    headers[name] = name === 'set-cookie' ? outer.getSetCookie() : value;
+  }
+  return toResponse(headers === undefined ? answer : { ...answer, headers });
 }
 
 /**

@@ -1,7 +1,8 @@
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
 import { expectLeavingClientReleased, fetchHandlerClient } from '@oncely/testing';
-import { Hono } from 'hono';
+import { type Context, Hono } from 'hono';
 import { compress } from 'hono/compress';
+import { stream } from 'hono/streaming';
 import { idempotency } from '../src';
 
 const post = (app: Hono, path: string, key?: string, body = '{}', headers: Record<string, string> = {}) =>
@@ -25,6 +26,71 @@ describe('@oncely/hono specifics', () => {
       app.post('/charges', (c) => c.json({ run: ++runs }, 201));
       return fetchHandlerClient(app.fetch, 'http://localhost/charges', () => runs);
     }));
+
+  test('a replay and a problem carry the headers outer middleware set before oncely this time (a request id, a session cookie), not the first request’s', async () => {
+    const app = new Hono();
+    let seq = 0;
+    app.use(async (c, next) => {
+      seq++;
+      c.header('x-request-id', `req-${seq}`);
+      c.header('set-cookie', `session=s${seq}; Path=/`);
+      await next();
+    });
+    app.use(idempotency());
+    let runs = 0;
+    app.post('/charges', (c) => c.json({ run: ++runs }, 201));
+    const first = await post(app, '/charges', 'outer-1');
+    expect([first.headers.get('x-request-id'), first.headers.get('set-cookie')]).toEqual([
+      'req-1',
+      'session=s1; Path=/',
+    ]);
+    const replay = await post(app, '/charges', 'outer-1');
+    expect(replay.headers.get('idempotent-replayed')).toBe('true');
+    expect([replay.headers.get('x-request-id'), replay.headers.get('set-cookie')]).toEqual([
+      'req-2',
+      'session=s2; Path=/',
+    ]);
+    expect(await replay.json()).toEqual({ run: 1 });
+    expect(replay.headers.get('content-type')).toMatch(/^application\/json/);
+    const mismatch = await post(app, '/charges', 'outer-1', '{"other":1}');
+    expect(mismatch.status).toBe(422);
+    expect(mismatch.headers.get('x-request-id')).toBe('req-3');
+    expect(mismatch.headers.get('content-type')).toMatch(/^application\/problem\+json/);
+    expect(runs).toBe(1);
+  });
+
+  test('hono/streaming: a callback that throws ends the stream cleanly (stored as it is) unless onError aborts its writer, which releases the key', async () => {
+    const app = new Hono();
+    app.use(idempotency());
+    let runs = 0;
+    const failing = (abortOnError: boolean) => (c: Context) =>
+      stream(
+        c,
+        async (body) => {
+          runs++;
+          await body.write('part1;');
+          if (runs % 2 === 1) throw new Error('the source failed');
+          await body.write('part2;');
+        },
+        async (error, body) => {
+          if (abortOnError) await body.writer.abort(error);
+        },
+      );
+    app.post('/plain', failing(false));
+    app.post('/aborted', failing(true));
+    // Hono's helper swallows the error and closes the stream: oncely sees a complete response, and stores it.
+    expect(await (await post(app, '/plain', 'stream-1')).text()).toBe('part1;');
+    const stored = await post(app, '/plain', 'stream-1');
+    expect([stored.headers.get('idempotent-replayed'), await stored.text()]).toEqual(['true', 'part1;']);
+    // With the writer aborted in onError, the body fails: the key is released (here before a byte was sent, so
+    // app.onError answers 500) and the retry runs again.
+    runs = 0;
+    expect((await post(app, '/aborted', 'stream-2')).status).toBe(500);
+    const retry = await post(app, '/aborted', 'stream-2');
+    expect(retry.headers.get('idempotent-replayed')).toBeNull();
+    expect(await retry.text()).toBe('part1;part2;');
+    expect(runs).toBe(2);
+  });
 
   test('on one route, required: a request without a key gets 400; the others are untouched', async () => {
     const app = new Hono();

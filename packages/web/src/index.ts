@@ -79,6 +79,11 @@ export interface WebExchange<Req> {
    * @hono/node-server reads Node's response instead, which costs no `AbortController`.
    */
   clientGone?: (target: Req) => boolean;
+  /**
+   * Makes the `Response` of a replay or a problem answer from what the engine gives. Default: `toResponse`. Hono's
+   * adds the headers its middleware prepared before oncely (a request id, a session cookie).
+   */
+  respond?: (answer: StoredResponse, target: Req) => Response;
 }
 
 /** What `run` returns when the handler failed but the framework already turned the error into a response. */
@@ -153,7 +158,10 @@ export async function respondOnce<Req>(
     log,
   );
   if (decision.action === 'pass') return settledResponse(await run(undefined));
-  if (decision.action === 'respond') return toResponse(decision.response);
+  if (decision.action === 'respond')
+    return exchange.respond === undefined
+      ? toResponse(decision.response)
+      : exchange.respond(decision.response, exchange.target);
   const { execution } = decision;
   let gone = false;
   try {
