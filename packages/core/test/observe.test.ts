@@ -30,6 +30,43 @@ test('without a timing hook the engine calls the store itself (no wrapper, no cl
   void store.close();
 });
 
+test('hooks given as a class instance: its methods are called, with the instance as this (here and beside otel-style observers)', async () => {
+  class Counting {
+    readonly seen: string[] = [];
+    onMiss() {
+      this.seen.push('miss');
+    }
+    onDecision(event: DecisionEvent) {
+      this.seen.push(`decision:${event.outcome}`);
+    }
+  }
+  const alone = new Counting();
+  const composed = new Counting();
+  const observed: string[] = [];
+  const store = new MemoryStore();
+  for (const options of [
+    { store, hooks: alone },
+    { store, hooks: composed, [OBSERVERS]: [{ onDecision: () => void observed.push('observer') }] },
+  ]) {
+    const engine = new Idempotency(options);
+    const decision = await engine.handle(input(`class-${options.hooks === alone ? 1 : 2}`));
+    if (decision.action !== 'execute') throw new Error('expected execute');
+    await decision.execution.complete(response);
+  }
+  expect(alone.seen).toEqual(['miss', 'decision:executed']);
+  expect(composed.seen).toEqual(['miss', 'decision:executed']);
+  expect(observed).toEqual(['observer']);
+  class Broken {
+    get onHit() {
+      return 'not a function';
+    }
+  }
+  expect(() => new Idempotency({ store, hooks: new Broken() as never })).toThrow(
+    /option "hooks.onHit" must be a function/,
+  );
+  await store.close();
+});
+
 test('onDecision, onStoreOperation and onExecutionStart/End report one request', async () => {
   const store = new MemoryStore();
   const events: string[] = [];

@@ -101,16 +101,50 @@ export function composeHooks(...list: (IdempotencyHooks | undefined)[]): Idempot
   return composed as IdempotencyHooks;
 }
 
-/** Validates a hooks object (each value a function) and returns a copy. */
+// Every hook there is (the compiler checks the list against IdempotencyHooks): read through the prototype chain
+// too, so that a class instance's methods count.
+const HOOK_NAMES = Object.keys({
+  onMiss: true,
+  onHit: true,
+  onConflict: true,
+  onMismatch: true,
+  onComplete: true,
+  onRelease: true,
+  onStoreError: true,
+  onFenced: true,
+  onUnscopedCredentials: true,
+  onDecision: true,
+  onStoreOperation: true,
+  onExecutionStart: true,
+  onExecutionEnd: true,
+} satisfies Record<keyof IdempotencyHooks, true>) as (keyof IdempotencyHooks)[];
+
+/**
+ * Validates a hooks object (each value a function) and returns a copy. Of a class instance, the hooks are taken
+ * (its own or its prototype's, which a copy would leave behind), bound to it so that `this` is still the instance.
+ */
 export function checkHooks(value: unknown, name = 'hooks'): IdempotencyHooks {
   if (value === null || typeof value !== 'object' || Array.isArray(value)) {
     throw new IdempotencyOptionsError(name, 'must be an object of callbacks such as { onHit(event) {} }.');
   }
-  for (const [hookName, hook] of Object.entries(value)) {
+  const proto: unknown = Object.getPrototypeOf(value);
+  if (proto === Object.prototype || proto === null) {
+    for (const [hookName, hook] of Object.entries(value)) {
+      if (typeof hook !== 'function')
+        throw new IdempotencyOptionsError(`${name}.${hookName}`, 'must be a function.');
+    }
+    return { ...(value as IdempotencyHooks) };
+  }
+  // A class instance: its state is its own business; only the hooks, its own or its prototype's, are taken.
+  const copy: Record<string, unknown> = {};
+  for (const hookName of HOOK_NAMES) {
+    const hook: unknown = (value as Record<string, unknown>)[hookName];
+    if (hook === undefined) continue;
     if (typeof hook !== 'function')
       throw new IdempotencyOptionsError(`${name}.${hookName}`, 'must be a function.');
+    copy[hookName] = (hook as (event: unknown) => void).bind(value);
   }
-  return { ...(value as IdempotencyHooks) };
+  return copy as IdempotencyHooks;
 }
 
 /**
