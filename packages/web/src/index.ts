@@ -251,10 +251,14 @@ function continuation(
   status: number,
   headers: Record<string, string | string[]>,
 ): ReadableStream<Uint8Array> {
+  let settled = false;
   const executed = () => {
+    if (settled) return;
+    settled = true;
+    abandoned?.unregister(execution);
     void execution.complete({ status, headers, body: undefined });
   };
-  return new ReadableStream<Uint8Array>({
+  const body = new ReadableStream<Uint8Array>({
     async pull(controller) {
       const next = held.shift();
       if (next !== undefined) return controller.enqueue(next);
@@ -276,7 +280,17 @@ function continuation(
       return reader.cancel(reason);
     },
   });
+  // A Response dropped unread (a wrapper that replaced it) ends neither way, and the lease would be renewed for as
+  // long as the process lives: once its body is collected, the request is recorded as executed all the same.
+  abandoned?.register(body, executed, execution);
+  return body;
 }
+
+// Where the runtime has one (Node, Bun, Deno); elsewhere an unread body keeps its key until the process ends.
+const abandoned =
+  typeof FinalizationRegistry === 'function'
+    ? new FinalizationRegistry<() => void>((executed) => executed())
+    : undefined;
 
 const EMPTY = new Uint8Array(0);
 const JSON_TYPE = /^application\/(?:[\w.+-]*\+)?json\s*(?:;|$)/i;

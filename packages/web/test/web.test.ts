@@ -1,3 +1,5 @@
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
 import { idempotency } from '@oncely/express';
 import { expectLeavingClientReleased, fetchHandlerClient } from '@oncely/testing';
@@ -105,6 +107,40 @@ describe('@oncely/web specifics', () => {
     await new Promise((resolve) => setTimeout(resolve, 20));
     const retry = await handler(post('/a', 'big'));
     expect(retry.status).toBe(410);
+    expect(runs).toBe(1);
+  });
+
+  test('a large streamed response dropped unread: once its body is collected the key is recorded as executed, not leased for ever', async () => {
+    setFlagsFromString('--expose-gc');
+    const gc = runInNewContext('gc') as () => void;
+    let runs = 0;
+    const handler = withIdempotency(
+      async () => {
+        runs++;
+        return new Response(
+          new ReadableStream<Uint8Array>({
+            pull(controller) {
+              controller.enqueue(new Uint8Array(1000));
+            },
+          }),
+        );
+      },
+      // A lease of 300 ms, renewed while the body is held: a retry would get 409 for as long as it is.
+      { maxBodyBytes: 100, lockTimeout: 300 },
+    );
+    // In a function of its own, so that nothing here keeps the response reachable.
+    const dropUnread = async () => {
+      const first = await handler(post('/a', 'dropped'));
+      expect(first.status).toBe(200);
+    };
+    await dropUnread();
+    let status = 0;
+    for (let i = 0; i < 50 && status !== 410; i++) {
+      gc();
+      await new Promise((resolve) => setTimeout(resolve, 20));
+      status = (await handler(post('/a', 'dropped'))).status;
+    }
+    expect(status).toBe(410);
     expect(runs).toBe(1);
   });
 
