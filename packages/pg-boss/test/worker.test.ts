@@ -52,7 +52,16 @@ const rows = async (key: string): Promise<number> =>
 
 function recorder() {
   const events: PgBossSettledEvent<Job>[] = [];
-  return { events, onSettled: (event: PgBossSettledEvent<Job>) => events.push(event) };
+  return {
+    events,
+    onSettled: (event: PgBossSettledEvent<Job>) => events.push(event),
+    /**
+     * Waits (up to 10 s) until `count` settlements were reported: onSettled runs once boss.complete or boss.cancel
+     * has resolved in the worker, which can be after the test's own connection already sees the job settled.
+     */
+    reported: (count: number) =>
+      waitUntil(() => events.length >= count, `${count} settlements reported`, 10_000).catch(() => {}),
+  };
 }
 
 const work = { pollingIntervalSeconds: 0.5, batchSize: 4 };
@@ -61,7 +70,7 @@ describe('plain mode (PostgresStore as an ordinary store)', () => {
   test('two jobs with the same key (different ids): fn runs once, both complete, the duplicate with the stored result', async () => {
     const name = await queue();
     const calls: string[] = [];
-    const { events, onSettled } = recorder();
+    const { events, onSettled, reported } = recorder();
     await boss.work<Data>(
       name,
       work,
@@ -83,6 +92,7 @@ describe('plain mode (PostgresStore as an ordinary store)', () => {
     expect(secondJob.state).toBe('completed');
     expect(firstJob.output).toEqual({ shipped: 'order-1', n: 1 });
     expect(secondJob.output).toEqual({ shipped: 'order-1', n: 1 });
+    await reported(2);
     expect(events.map((e) => `${e.action}:${e.reason}`)).toEqual(['ack:executed', 'ack:replayed']);
     await boss.offWork(name);
   });
@@ -173,7 +183,7 @@ describe('plain mode (PostgresStore as an ordinary store)', () => {
   test('a failing fn is retried per the queue’s retryLimit, then the job fails', async () => {
     const name = await queue({ retryLimit: 2, retryDelay: 0 });
     let calls = 0;
-    const { events, onSettled } = recorder();
+    const { events, onSettled, reported } = recorder();
     await boss.work<Data>(
       name,
       { ...work, includeMetadata: true },
@@ -197,6 +207,7 @@ describe('plain mode (PostgresStore as an ordinary store)', () => {
     expect(job.output).toMatchObject({ message: 'payment provider down' });
     // The last failure is final (retryCount reached retryLimit): pg-boss fails the job for good, and says so. The
     // retries come back after the queue's retryDelay (0 s), not after a delay of oncely's own.
+    await reported(3);
     expect(events.map((e) => `${e.action}:${e.failures}:${e.delayMs}`)).toEqual([
       'retry:1:0',
       'retry:2:0',
@@ -211,7 +222,7 @@ describe('plain mode (PostgresStore as an ordinary store)', () => {
   test('a permanent error: cancelled at once, not retried; a later duplicate is cancelled without running', async () => {
     const name = await queue({ retryLimit: 3, retryDelay: 0 });
     let calls = 0;
-    const { events, onSettled } = recorder();
+    const { events, onSettled, reported } = recorder();
     await boss.work<Data>(
       name,
       work,
@@ -229,6 +240,7 @@ describe('plain mode (PostgresStore as an ordinary store)', () => {
     expect(first.state).toBe('cancelled');
     expect(first.retryCount).toBe(0);
     expect(second.state).toBe('cancelled');
+    await reported(2);
     expect(events.map((e) => `${e.action}:${e.reason}`)).toEqual([
       'dead-letter:permanent',
       'dead-letter:permanent',
@@ -239,7 +251,7 @@ describe('plain mode (PostgresStore as an ordinary store)', () => {
   test('a job without a key is cancelled without running; onMissingKey: process runs it', async () => {
     const name = await queue();
     let calls = 0;
-    const { events, onSettled } = recorder();
+    const { events, onSettled, reported } = recorder();
     await boss.work<Data>(
       name,
       work,
@@ -254,6 +266,7 @@ describe('plain mode (PostgresStore as an ordinary store)', () => {
     const job = await settledJob(boss, name, await send(name, { n: 1 }));
     expect(job.state).toBe('cancelled');
     expect(calls).toBe(0);
+    await reported(1);
     expect(events.map((e) => `${e.action}:${e.reason}`)).toEqual(['dead-letter:missing-key']);
     await boss.offWork(name);
 
@@ -279,7 +292,7 @@ describe('plain mode (PostgresStore as an ordinary store)', () => {
   test('a key reused for other data (fingerprint): the second job is cancelled without running', async () => {
     const name = await queue();
     const seen: number[] = [];
-    const { events, onSettled } = recorder();
+    const { events, onSettled, reported } = recorder();
     await boss.work<Data>(
       name,
       work,
@@ -296,6 +309,7 @@ describe('plain mode (PostgresStore as an ordinary store)', () => {
     expect(first.state).toBe('completed');
     expect(second.state).toBe('cancelled');
     expect(seen).toEqual([1]);
+    await reported(2);
     expect(events.map((e) => `${e.action}:${e.reason}`)).toEqual(['ack:executed', 'dead-letter:mismatch']);
     await boss.offWork(name);
   });
@@ -483,7 +497,7 @@ describe('transactional mode', () => {
   test('a store that fails to begin the transaction: delayed as a store error (no attempt counted, decision store_error), then run once', async () => {
     const name = await queue({ retryLimit: 0 });
     const decisions: string[] = [];
-    const { events, onSettled } = recorder();
+    const { events, onSettled, reported } = recorder();
     let failures = 1;
     // The PostgresStore, except that its first acquire fails as a database that is down would.
     const flaky = Object.create(store, {
@@ -519,6 +533,7 @@ describe('transactional mode', () => {
     expect(runs).toBe(1);
     expect(await rows('tx-store-down')).toBe(1);
     expect(decisions).toEqual(['store_error', 'executed']);
+    await reported(2);
     expect(events.map((event) => `${event.action}:${event.reason}`)).toEqual([
       'delay:store-error',
       'ack:executed',
@@ -615,7 +630,7 @@ describe('transactional mode', () => {
   test('a key reused for other data, or too long, is cancelled without running; fingerprint: false replays', async () => {
     const name = await queue();
     const seen: string[] = [];
-    const { events, onSettled } = recorder();
+    const { events, onSettled, reported } = recorder();
     await boss.work<Data>(
       name,
       work,
@@ -640,6 +655,7 @@ describe('transactional mode', () => {
     );
     expect(seen).toEqual(['tx-5:1']);
     expect(await rows('tx-5')).toBe(1);
+    await reported(3);
     expect(events.map((e) => `${e.action}:${e.reason}`)).toEqual([
       'ack:executed',
       'dead-letter:mismatch',
@@ -682,7 +698,7 @@ describe('settling, keys and waits (review findings)', () => {
         failed.cancel++ === 0 ? blip() : boss.cancel(queueName, id),
     };
     const calls: string[] = [];
-    const { events, onSettled } = recorder();
+    const { events, onSettled, reported } = recorder();
     await boss.work<Data>(
       name,
       work,
@@ -700,6 +716,7 @@ describe('settling, keys and waits (review findings)', () => {
     // retryLimit 0: handing a job back to pg-boss after a blip would have failed it for good (its effect done).
     expect([ok.state, ok.retryCount, ok.output]).toEqual(['completed', 0, { n: 1 }]);
     expect([permanent.state, permanent.retryCount]).toEqual(['cancelled', 0]);
+    await reported(2);
     expect(events.map((e) => `${e.key}:${e.action}`).sort()).toEqual([
       'settle-ok:ack',
       'settle-permanent:dead-letter',
