@@ -14,6 +14,7 @@ export {
   idempotentOutcome,
   type ResultSerializer,
 } from './consumer/idempotent';
+export type { Jsonified, JsonStorable } from './consumer/json';
 export {
   CONSUMER_RETRY_OPTIONS,
   type ConsumerBroker,
@@ -41,6 +42,14 @@ export {
 export { canonicalJson, defaultFingerprint } from './http/fingerprint';
 export { ALWAYS_EXCLUDED_HEADERS, type OutgoingHeaderValue } from './http/headers';
 export { type KeyProblem, parseKey } from './http/key';
+export {
+  conflictingOptions,
+  type NestedRefusal,
+  nestedEngine,
+  type Registration,
+  refuseNested,
+  registrationOf,
+} from './http/nested';
 export type {
   CompleteEvent,
   ConflictEvent,
@@ -51,12 +60,13 @@ export type {
   ReleaseEvent,
   ResolvedOptions,
   StoreErrorEvent,
+  UnconfirmedWriteEvent,
   UnscopedCredentialsEvent,
 } from './http/options';
 export { PROBLEM_TYPES, type ProblemDetails, problemResponse } from './http/problems';
 export { type RequestWithHeaders, type ScopeByHeaderOptions, scopeByHeader } from './http/scope';
 export { durationOption } from './shared/checks';
-export { type Duration, parseDuration } from './shared/duration';
+export { type Duration, type DurationUnit, parseDuration } from './shared/duration';
 export { IdempotencyOptionsError } from './shared/errors';
 export { type Logger, silentLogger } from './shared/logger';
 export {
@@ -70,6 +80,7 @@ export {
   type StoreOperation,
   type StoreOperationEvent,
   storeKind,
+  type UnconfirmedWriteOutcome,
 } from './shared/observe';
 export { MemoryStore, type MemoryStoreOptions } from './stores/memory-store';
 export type {

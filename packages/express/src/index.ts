@@ -1,10 +1,14 @@
 import { IncomingMessage, ServerResponse } from 'node:http';
 import {
   type CapturedResponse,
+  conflictingOptions,
   type Execution,
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
+  type Registration,
+  refuseNested,
+  registrationOf,
   type StoredResponse,
 } from '@oncely/core';
 import type { NextFunction, Request, RequestHandler, Response } from 'express';
@@ -20,8 +24,11 @@ declare global {
   }
 }
 
-/** Options of the Express middleware: the shared options (contract §2); `scope` and `fingerprint` get the Express request. */
+/** Options of the Express middleware: the shared options (docs/options.md); `scope` and `fingerprint` get the Express request. */
 export type ExpressIdempotencyOptions = IdempotencyOptions<Request>;
+
+/** The scope the docs recommend for API keys: a keyed hash of a credential header (`@oncely/core`'s, re-exported). */
+export { type ScopeByHeaderOptions, scopeByHeader } from '@oncely/core';
 
 // Symbol.for, so that two copies of this package in one app still see each other's state. Copies of different
 // versions may meet (a duplicated dependency): the states map and the request accessors are shared by every version,
@@ -42,6 +49,11 @@ interface RequestState {
   error: unknown;
   /** The response's capture while it holds the body back; `undefined` once the response went its own way. */
   capture: Capture | undefined;
+  /**
+   * The middleware that took the request, for another one nearer the route to compare its options with. Optional:
+   * a copy of this package from before it was added leaves it out (its requests are then left to it).
+   */
+  registration?: Registration<Request>;
 }
 
 /**
@@ -68,24 +80,33 @@ const states = statesHolder[kStates] as WeakMap<Response, RequestState>;
 /**
  * Express middleware (Express 4 and 5): `app.use(idempotency())` covers every POST/PUT/PATCH; on one route,
  * `app.post('/charges', idempotency({ required: true }), handler)`. Options are checked here, once.
- * When two oncely middlewares meet one request (app-wide and route-level), the first that takes it wins.
+ * When two oncely middlewares meet one request (app-wide and route-level), the first that takes it handles it;
+ * the second leaves it to the first if the options it sets agree with the first's, and refuses it otherwise
+ * (see `stepAsideOrRefuse`).
  */
 export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHandler {
   const engine = new Idempotency<Request>(options);
+  const registration = registrationOf(engine, options, idempotency, 'idempotency()');
   const hooks = installPrototypeHooks();
 
   return function idempotencyMiddleware(req: Request, res: Response, next: NextFunction): void {
-    if (states.has(res) || !engine.covers(req.method)) {
+    if (!engine.covers(req.method)) {
       next();
       return;
     }
-    engine.warnIfBodyUnparsed(req.headers, req.body, 'express.json() (or another body parser)');
+    const taken = states.get(res);
+    if (taken !== undefined) {
+      stepAsideOrRefuse(taken, registration, res, next);
+      return;
+    }
+    const body = parsedBody(req);
+    engine.warnIfBodyUnparsed(req.headers, body, 'express.json() (or another body parser)');
     engine
       .handle({
         method: req.method,
         url: req.originalUrl,
         headers: req.headers,
-        body: req.body,
+        body,
         request: req,
       })
       .then((decision) => {
@@ -110,6 +131,7 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
           context,
           error: undefined,
           capture: undefined,
+          registration,
         };
         states.set(res, state);
         // The accessors on IncomingMessage.prototype read the state through `req.res`; anything else gets properties.
@@ -131,14 +153,79 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
           else if (res.errored) void execution.fail(res.errored);
           else if (res.writableFinished && state.capture?.ended === false)
             void execution.complete({ status: res.statusCode, headers: res.getHeaders(), body: undefined });
+          // The connection closed before the response ended: the client left, and a pipe into the response
+          // stopped with it (`readable.pipe(res)`, `res.sendFile`), so no end() may ever come.
+          else if (!res.writableFinished) state.capture?.closedEarly();
         });
         next();
       })
-      .catch(next);
+      .catch((error: unknown) => {
+        // Express's own next(err) does not throw; this keeps the chain from ever ending in an unhandled rejection.
+        try {
+          next(error);
+        } catch (nextError) {
+          engine.options.logger?.error({ err: nextError }, 'oncely: could not answer a failed request');
+          res.destroy();
+        }
+      });
   };
 }
 
 export default idempotency;
+
+/**
+ * A middleware meets a request that another one (app-wide, say) took first. Express gives no way to know, before a
+ * request reaches its route, which middlewares the route has, so the outer one cannot leave the request to this
+ * one. If this one sets no option that changes which record the request maps to, what is stored or how it is
+ * answered, the outer one's handling is this one's too, and it steps aside (a `required: true` over the same store
+ * is such a one: the outer one took the request by its key). Otherwise applying either one's options would be
+ * wrong: the request is refused with a 500 naming both, and the outer one's key is released as the response ends.
+ */
+function stepAsideOrRefuse(
+  taken: RequestState,
+  registration: Registration<Request>,
+  res: Response,
+  next: NextFunction,
+): void {
+  const outer = taken.registration;
+  // Taken by this very middleware (mounted twice), or by a copy that does not say how: left to it.
+  if (outer === undefined || outer === registration || taken.protocol !== PROTOCOL) {
+    next();
+    return;
+  }
+  const names = conflictingOptions(outer.engine.options, registration);
+  if (names.length === 0) {
+    next();
+    return;
+  }
+  const refusal = refuseNested(outer as Registration<never>, registration as Registration<never>, names);
+  // Sent through the outer one's capture, which releases its key rather than store this answer.
+  if (taken.error === undefined) taken.error = refusal.error;
+  send(res, refusal.response);
+}
+
+const PARSED_TYPES = /^application\/(?:[\w.+-]*\+)?json|^application\/x-www-form-urlencoded/i;
+
+/**
+ * The body a parser left on `req.body`, or `undefined` when none parsed it. Express 4's parsers (body-parser 1)
+ * set `req.body = {}` for a content type they skip, without their `_body` mark: hashing that `{}` would make every
+ * text, raw or multipart body look alike, so it counts as not parsed (and the warning says so), as Express 5 leaves
+ * `req.body` undefined.
+ */
+function parsedBody(req: Request): unknown {
+  const body: unknown = req.body;
+  if (
+    typeof body === 'object' &&
+    body !== null &&
+    Object.getPrototypeOf(body) === Object.prototype &&
+    (req as { _body?: unknown })._body !== true &&
+    Object.keys(body).length === 0 &&
+    !PARSED_TYPES.test(req.headers['content-type'] ?? '')
+  ) {
+    return undefined;
+  }
+  return body;
+}
 
 /**
  * Tells oncely that the handler of a covered request failed although no error reached Express's `next(err)`, for
@@ -225,6 +312,10 @@ class Capture {
   #size = 0;
   #passThrough = false;
   #active = true;
+  /** The handler began its answer (wrote to it, or its head): what its early end is recorded as. */
+  #begun = false;
+  /** The connection closed before the response ended. */
+  #closed = false;
 
   constructor(res: Response, state: RequestState, hooks: ResponseHooks) {
     this.#res = res;
@@ -275,6 +366,31 @@ class Capture {
     return undefined;
   }
 
+  /**
+   * The connection closed before the response ended (see the 'close' listener). An answer the handler had begun
+   * cannot be completed any more (a pipe into the response stops with it): recorded as executed now, by the engine.
+   * One it had not begun may still come, the handler running on; the first write to it decides then.
+   */
+  closedEarly(): void {
+    if (this.ended || !this.#active) return;
+    this.#closed = true;
+    if (this.#begun) this.#endedEarly();
+  }
+
+  #endedEarly(): void {
+    this.#stop();
+    this.#chunks.length = 0;
+    void this.#state.execution.endedEarly(this.#res.statusCode, this.#res.getHeaders());
+  }
+
+  /** Marks the answer begun; false when the connection is closed already, and the call goes on to Node. */
+  #begin(): boolean {
+    this.#begun = true;
+    if (!this.#closed) return true;
+    this.#endedEarly();
+    return false;
+  }
+
   // Too big to keep: send what we hold and let the rest through untouched; `end` stays captured to settle.
   #startPassThrough(): void {
     this.#passThrough = true;
@@ -283,7 +399,9 @@ class Capture {
   }
 
   writeHead(res: Response, args: unknown[]): Response {
-    res.statusCode = args[0] as number;
+    const status = nodeStatus(args[0]);
+    if (!this.#begin()) return this.#call('writeHead', ...args) as Response;
+    res.statusCode = status;
     let headers = args[1];
     if (typeof headers === 'string') {
       res.statusMessage = headers;
@@ -316,6 +434,9 @@ class Capture {
       }
       return writeAfterEnd(res, cb);
     }
+    // Node checks the status when the first write sends the head.
+    if (!this.#begun) res.statusCode = nodeStatus(res.statusCode);
+    if (!this.#begin()) return this.#call('write', ...args) as boolean;
     const buffer = toBuffer(chunk as Chunk, encoding);
     this.#chunks.push(buffer);
     this.#size += buffer.byteLength;
@@ -341,6 +462,9 @@ class Capture {
       else if (typeof cb === 'function') this.#callbacks.push(cb as WriteCallback);
       return res;
     }
+    // As Node's end() does when it sends the head: an invalid status throws here, to the handler (whose framework
+    // answers the error), before anything is held.
+    if (!this.#begun) res.statusCode = nodeStatus(res.statusCode);
     this.ended = true;
     if (chunk !== undefined && chunk !== null) {
       const buffer = toBuffer(chunk as Chunk, encoding);
@@ -367,7 +491,9 @@ class Capture {
       const done = finished();
       if (done === undefined) this.#call('end');
       else this.#call('end', done);
-      void this.#settle({ status: res.statusCode, headers, body: undefined });
+      void this.#settle({ status: res.statusCode, headers, body: undefined }).catch((error: unknown) =>
+        this.#sendFailed(error),
+      );
       return res;
     }
     const chunks = this.#chunks;
@@ -375,27 +501,48 @@ class Capture {
     const stored = this.#size <= execution.maxBodyBytes ? body : undefined;
     const status = res.statusCode;
     const headers = res.getHeaders();
-    void this.#settle({ status, headers, body: stored }).then((replacement) => {
-      this.#stop();
-      const done = finished();
-      if (replacement === undefined) {
-        // While the store was asked, headersSent still read false: code running after the handler's answer (a
-        // late error handler, say) may have changed status or headers. Send exactly what was stored.
-        if (res.statusCode !== status) res.statusCode = status;
-        if (!sameHeaders(res.getHeaders(), headers)) {
-          for (const name of res.getHeaderNames()) if (!(name in headers)) res.removeHeader(name);
-          for (const name in headers) res.setHeader(name, headers[name] as string | string[] | number);
+    void this.#settle({ status, headers, body: stored })
+      .then((replacement) => {
+        this.#stop();
+        const done = finished();
+        if (replacement === undefined) {
+          // While the store was asked, headersSent still read false: code running after the handler's answer (a
+          // late error handler, say) may have changed status or headers. Send exactly what was stored.
+          if (res.statusCode !== status) res.statusCode = status;
+          if (!sameHeaders(res.getHeaders(), headers)) {
+            for (const name of res.getHeaderNames()) if (!(name in headers)) res.removeHeader(name);
+            for (const name in headers) res.setHeader(name, headers[name] as string | string[] | number);
+          }
+          if (done === undefined) this.#call('end', body);
+          else this.#call('end', body, done);
+          return;
         }
-        if (done === undefined) this.#call('end', body);
-        else this.#call('end', body, done);
-        return;
-      }
-      for (const name of res.getHeaderNames()) res.removeHeader(name);
-      send(res, replacement);
-      done?.();
-    });
+        for (const name of res.getHeaderNames()) res.removeHeader(name);
+        send(res, replacement);
+        done?.();
+      })
+      .catch((error: unknown) => this.#sendFailed(error));
     return res;
   }
+
+  /** Sending the held answer threw: close the connection (a client must not wait for ever) and settle. */
+  #sendFailed(error: unknown): void {
+    this.#stop();
+    this.#res.destroy();
+    void this.#state.execution.sendFailed(error);
+  }
+}
+
+/**
+ * The status as Node's `writeHead` takes it (`statusCode | 0`), or Node's own error for one it refuses, so that a
+ * handler's bad status fails where and as it would without oncely.
+ */
+function nodeStatus(value: unknown): number {
+  const status = (value as number) | 0;
+  if (status < 100 || status > 999) {
+    throw nodeError(RangeError, 'ERR_HTTP_INVALID_STATUS_CODE', `Invalid status code: ${String(value)}`);
+  }
+  return status;
 }
 
 /**
@@ -413,7 +560,11 @@ function writeAfterEnd(res: Response, cb: unknown): false {
 }
 
 /** An error as Node's own carry it: a `code`, and the code in the name (`Error [ERR_...]`). */
-function nodeError(Type: ErrorConstructor | TypeErrorConstructor, code: string, message: string): Error {
+function nodeError(
+  Type: ErrorConstructor | TypeErrorConstructor | RangeErrorConstructor,
+  code: string,
+  message: string,
+): Error {
   return Object.assign(new Type(message), { code });
 }
 

@@ -1,13 +1,13 @@
 import { createServer, OutgoingMessage, ServerResponse } from 'node:http';
 import { Readable } from 'node:stream';
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
-import { gatedStore, recordingLogger } from '@oncely/testing';
+import { brokenStore, gatedStore, recordingLogger } from '@oncely/testing';
 import compression from 'compression';
 import express from 'express';
 import express4 from 'express4';
 import morgan from 'morgan';
 import request from 'supertest';
-import idempotencyDefault, { idempotency } from '../src';
+import idempotencyDefault, { idempotency, scopeByHeader } from '../src';
 
 type NodeMethods = {
   original: Record<'writeHead' | 'end', (this: ServerResponse, ...args: unknown[]) => unknown>;
@@ -34,6 +34,37 @@ describe.each(versions)('%s specifics', (_name, expressModule) => {
     // Without a key the app-wide one steps aside and the route-level one requires it.
     await request(app).post('/charges').send({}).expect(400);
     expect(runs).toBe(1);
+  });
+
+  test('a route-level middleware that sets a deciding option otherwise refuses the request, naming both; the same values are fine', async () => {
+    const store = new MemoryStore();
+    const scope = (req: { headers: Record<string, unknown> }) => String(req.headers['x-user']);
+    const logger = recordingLogger();
+    const app = expressModule();
+    app.use(expressModule.json());
+    app.use(idempotency({ store, scope, logger }));
+    let runs = 0;
+    const handler = (_req: unknown, res: express.Response) => void res.status(201).json({ run: ++runs });
+    // The same store and scope function, a key required, another logger: nothing decides otherwise.
+    app.post('/same', idempotency({ store, scope, required: true, logger: recordingLogger() }), handler);
+    app.post('/ttl', idempotency({ ttl: '1h' }), handler);
+    const key = 'k1';
+    await request(app).post('/same').set('Idempotency-Key', key).set('x-user', 'a').send({}).expect(201);
+    const replay = await request(app).post('/same').set('Idempotency-Key', key).set('x-user', 'a').send({});
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    const refused = await request(app).post('/ttl').set('Idempotency-Key', 'k2').set('x-user', 'a').send({});
+    expect(refused.status).toBe(500);
+    expect(refused.body.type).toBe('https://oncely.dev/problems/conflicting-registrations');
+    // Both named in the log by where they were created (this file, two lines); the client sees no source path.
+    expect(refused.body.detail).toMatch(/ttl/);
+    expect(refused.body.detail).not.toMatch(/express\.test\.ts/);
+    const errors = logger.lines.filter((line) => line.level === 'error');
+    expect(errors).toHaveLength(1);
+    expect(errors[0]?.msg?.match(/express\.test\.ts:\d+:\d+/g)).toHaveLength(2);
+    expect(runs).toBe(1);
+    // Released, not stored: the key runs where the app-wide one covers it alone.
+    await request(app).post('/same').set('Idempotency-Key', 'k2').set('x-user', 'a').send({}).expect(201);
+    expect(runs).toBe(2);
   });
 
   test("headers set before oncely ran (CORS, a request id) are fresh on a replay; the handler's are stored", async () => {
@@ -116,15 +147,75 @@ describe.each(versions)('%s specifics', (_name, expressModule) => {
     await request(app).post('/raw').set('Idempotency-Key', 'r2').send({ a: 1 });
     expect(logger.lines.filter((l) => l.level === 'warn' && /body parser/.test(l.msg ?? ''))).toHaveLength(1);
   });
+
+  test('a body express.json() skipped is not fingerprinted as {}: a warning says it was not parsed', async () => {
+    const logger = recordingLogger();
+    const app = expressModule();
+    app.use(expressModule.json());
+    app.use(idempotency({ logger }));
+    app.post('/notes', expressModule.text(), (req, res) => void res.status(201).send(`got ${req.body}`));
+    const unparsed = () =>
+      logger.lines.filter((l) => l.level === 'warn' && /was not parsed/.test(l.msg ?? ''));
+    // A JSON body is parsed: no warning.
+    await request(app).post('/notes').set('Idempotency-Key', 'j').send({ a: 1 }).expect(201);
+    expect(unparsed()).toHaveLength(0);
+    await request(app).post('/notes').set('Idempotency-Key', 't').type('text/plain').send('one').expect(201);
+    await request(app).post('/notes').set('Idempotency-Key', 't2').type('text/plain').send('two');
+    expect(unparsed()).toHaveLength(1);
+  });
+
+  test('with the text parser before oncely, a reused key with another text body gets 422', async () => {
+    const app = expressModule();
+    app.use(expressModule.json());
+    app.use(expressModule.text());
+    app.use(idempotency());
+    app.post('/notes', (req, res) => void res.status(201).send(`got ${req.body}`));
+    await request(app).post('/notes').set('Idempotency-Key', 't').type('text/plain').send('one').expect(201);
+    await request(app).post('/notes').set('Idempotency-Key', 't').type('text/plain').send('two').expect(422);
+  });
+
+  test('a handler that reuses its response buffer changes no stored replay', async () => {
+    const app = expressModule();
+    app.use(expressModule.json());
+    app.use(idempotency());
+    // One buffer refilled per request, as a pool hands it out again once Node is done with it.
+    const shared = Buffer.alloc(16);
+    app.post('/buffer', (req, res) => {
+      shared.fill(0x2e);
+      shared.write(String(req.body.who));
+      res.type('text/plain').end(shared);
+    });
+    const send = (key: string, who: string) =>
+      request(app).post('/buffer').set('Idempotency-Key', key).send({ who });
+    expect((await send('alice', 'alice')).text).toBe('alice...........');
+    expect((await send('bob', 'bob')).text).toBe('bob.............');
+    const replay = await send('alice', 'alice');
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(replay.text).toBe('alice...........');
+  });
 });
 
 describe('the Express middleware factory', () => {
   test('checks options once, naming the option', () => {
-    expect(() => idempotency({ ttl: 'a day' })).toThrow(IdempotencyOptionsError);
-    expect(() => idempotency({ ttl: 'a day' })).toThrow(/option "ttl"/);
+    expect(() => idempotency({ ttl: 'a day' as never })).toThrow(IdempotencyOptionsError);
+    expect(() => idempotency({ ttl: 'a day' as never })).toThrow(/option "ttl"/);
     expect(() => idempotency({ lockTimout: '5s' } as never)).toThrow(
       /option "lockTimout" is not an oncely option/,
     );
+  });
+
+  test('exports scopeByHeader, which isolates API keys', async () => {
+    const app = express();
+    app.use(express.json());
+    app.use(idempotency({ scope: scopeByHeader('x-api-key', { secret: 'adapter-test-secret-0123456789' }) }));
+    let runs = 0;
+    app.post('/charges', (_req, res) => void res.status(201).json({ run: ++runs }));
+    const send = (apiKey: string) =>
+      request(app).post('/charges').set('Idempotency-Key', 'same').set('x-api-key', apiKey).send({});
+    await send('k1').expect(201);
+    await send('k2').expect(201);
+    expect((await send('k1')).headers['idempotent-replayed']).toBe('true');
+    expect(runs).toBe(2);
   });
 
   test('returns a named middleware; the default export is the same factory', () => {
@@ -614,5 +705,87 @@ describe.each(versions)('%s beside other code in the process', (_name, expressMo
         .expect(201, { key: 'held-elsewhere' });
     }
     expect(runs).toBe(2);
+  });
+});
+
+describe('wiring mistakes without a logger: a process warning, once per kind', () => {
+  const warningsOf = (emitWarning: jest.SpyInstance, code: string): string[] =>
+    emitWarning.mock.calls
+      .filter((call) => (call[1] as { code?: string } | undefined)?.code === code)
+      .map((call) => String(call[0]));
+
+  test('oncely mounted before the body parser', async () => {
+    const emitWarning = jest.spyOn(process, 'emitWarning').mockImplementation(() => {});
+    try {
+      const app = express();
+      app.use(idempotency({ store: new MemoryStore() }));
+      app.use(express.json());
+      let runs = 0;
+      app.post('/orders', (_req, res) => void res.status(201).json({ run: ++runs }));
+      await request(app).post('/orders').set('Idempotency-Key', 'b1').send({ amount: 1 }).expect(201);
+      // The trap the warning names: the fingerprint never saw the body, so another body is replayed, not refused.
+      const other = await request(app).post('/orders').set('Idempotency-Key', 'b1').send({ amount: 2 });
+      expect(other.headers['idempotent-replayed']).toBe('true');
+      await request(app).post('/orders').set('Idempotency-Key', 'b2').send({ amount: 3 }).expect(201);
+      const said = warningsOf(emitWarning, 'ONCELY_BODY_NOT_PARSED');
+      expect(said).toHaveLength(1);
+      expect(said[0]).toMatch(/mount express\.json\(\).*before idempotency\(\)/);
+    } finally {
+      emitWarning.mockRestore();
+    }
+  });
+
+  test('a store outage answered 503 is said once, with the store error; with a logger, each time', async () => {
+    const emitWarning = jest.spyOn(process, 'emitWarning').mockImplementation(() => {});
+    try {
+      const app = express();
+      app.use(express.json());
+      app.use(idempotency({ store: brokenStore() }));
+      app.post('/orders', (_req, res) => void res.status(201).end());
+      for (const key of ['s1', 's2', 's3'])
+        await request(app).post('/orders').set('Idempotency-Key', key).send({}).expect(503);
+      const said = warningsOf(emitWarning, 'ONCELY_STORE_UNAVAILABLE');
+      expect(said).toHaveLength(1);
+      expect(said[0]).toMatch(/answering 503.*ECONNREFUSED/);
+
+      const logger = recordingLogger();
+      const logged = express();
+      logged.use(express.json());
+      logged.use(idempotency({ store: brokenStore(), logger }));
+      logged.post('/orders', (_req, res) => void res.status(201).end());
+      for (const key of ['s1', 's2'])
+        await request(logged).post('/orders').set('Idempotency-Key', key).send({}).expect(503);
+      expect(
+        logger.lines.filter((l) => l.level === 'error' && /answering 503/.test(l.msg ?? '')),
+      ).toHaveLength(2);
+      expect(warningsOf(emitWarning, 'ONCELY_STORE_UNAVAILABLE')).toHaveLength(1);
+    } finally {
+      emitWarning.mockRestore();
+    }
+  });
+
+  test('a hook that throws', async () => {
+    const emitWarning = jest.spyOn(process, 'emitWarning').mockImplementation(() => {});
+    try {
+      const app = express();
+      app.use(express.json());
+      app.use(
+        idempotency({
+          hooks: {
+            onMiss: () => {
+              throw new Error('metrics client not started');
+            },
+          },
+        }),
+      );
+      app.post('/orders', (_req, res) => void res.status(201).end());
+      for (const key of ['h1', 'h2'])
+        await request(app).post('/orders').set('Idempotency-Key', key).send({}).expect(201);
+      const said = warningsOf(emitWarning, 'ONCELY_HOOK_THREW');
+      expect(said).toHaveLength(1);
+      expect(said[0]).toMatch(/onMiss hook threw \(metrics client not started\)/);
+    } finally {
+      emitWarning.mockRestore();
+    }
   });
 });

@@ -1,6 +1,8 @@
 import { createServer } from 'node:http';
 import {
   type AdapterHarness,
+  pipeParams,
+  pipeSource,
   routeCounts,
   serveTestApp,
   type TestApp,
@@ -20,11 +22,18 @@ function streamBytes(): Buffer {
   return body;
 }
 
+/** A harness whose `create` also takes the options of a route-level registration on POST /charges. */
+type NestableHarness = AdapterHarness & {
+  create(options: TestAppOptions, inner?: TestAppOptions): Promise<TestApp>;
+};
+
 /** The suite's routes (see TestApp in @oncely/testing), on Express. */
 export function expressHarness(name: string, express: ExpressFactory): AdapterHarness {
-  return {
+  const harness: NestableHarness = {
     name,
-    async create(options: TestAppOptions): Promise<TestApp> {
+    nested: { rule: 'refused', create: (outer, inner) => harness.create(outer, inner) },
+    // With `inner`, POST /charges has a route-level middleware of its own too (the suite's nested registrations).
+    async create(options: TestAppOptions, inner?: TestAppOptions): Promise<TestApp> {
       const { hit: count, count: counted } = routeCounts();
       const app = express();
       app.use(express.json());
@@ -42,6 +51,7 @@ export function expressHarness(name: string, express: ExpressFactory): AdapterHa
         if (delay > 0) setTimeout(reply, delay);
         else reply();
       };
+      if (inner !== undefined) app.post('/charges', idempotency(inner), charges);
       app.all('/charges', charges);
       app.post('/status/:code', (req, res) => {
         const n = count('status');
@@ -88,10 +98,31 @@ export function expressHarness(name: string, express: ExpressFactory): AdapterHa
       app.post('/key', (req, res) => {
         res.json({ key: req.idempotencyKey ?? null });
       });
+      app.post(
+        '/bad-status',
+        (req, res) => {
+          count('bad-status');
+          // Express 4 takes it (and Node's end() then refuses it); Express 5's res.status() throws.
+          if (req.query.in === 'handler') res.status(undefined as unknown as number).json({ ok: true });
+          else throw new Error('no status');
+        },
+        // A hand-written error handler that trusts every error to carry a status.
+        (err: Error & { status?: number }, _req: Request, res: Response, _next: NextFunction) => {
+          res.statusCode = err.status as number;
+          res.json({ error: err.message });
+        },
+      );
+      app.post('/pipe', (req, res) => {
+        count('pipe');
+        const { chunks, every } = pipeParams(req.query as Record<string, unknown>);
+        res.setHeader('content-type', 'application/octet-stream');
+        pipeSource(chunks, every).pipe(res);
+      });
       app.use((err: Error & { status?: number }, _req: Request, res: Response, _next: NextFunction) => {
         res.status(err.status ?? 500).json({ error: err.message });
       });
       return serveTestApp(createServer(app), counted);
     },
   };
+  return harness;
 }

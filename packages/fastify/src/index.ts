@@ -6,6 +6,8 @@ import {
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
+  nestedEngine,
+  registrationOf,
   type StoredResponse,
 } from '@oncely/core';
 import type {
@@ -18,8 +20,18 @@ import type {
 } from 'fastify';
 import fp from 'fastify-plugin';
 
-/** Route-level options: any shared option (contract §2) overrides the plugin's for that route. */
-export type IdempotencyRouteOptions = IdempotencyOptions<FastifyRequest>;
+/** Route-level options: any shared option (docs/options.md) overrides the plugin's for that route. */
+export interface IdempotencyRouteOptions extends IdempotencyOptions<FastifyRequest> {}
+
+/**
+ * What a route's `config.idempotency` takes: options over the plugin's, `true` for the plugin's, `false` to opt
+ * out. Fastify types a route's `config` as what its literal holds, so a misspelt option compiles (and throws when
+ * the route is added); `{ ... } satisfies IdempotencyRouteConfig` has the compiler check the literal.
+ */
+export type IdempotencyRouteConfig = IdempotencyRouteOptions | boolean;
+
+/** The scope the docs recommend for API keys: a keyed hash of a credential header (`@oncely/core`'s, re-exported). */
+export { type ScopeByHeaderOptions, scopeByHeader } from '@oncely/core';
 
 export interface FastifyIdempotencyOptions extends IdempotencyRouteOptions {
   /**
@@ -31,8 +43,11 @@ export interface FastifyIdempotencyOptions extends IdempotencyRouteOptions {
 
 declare module 'fastify' {
   interface FastifyContextConfig {
-    /** oncely for this route: options over the plugin's, `true` for the plugin's, `false` to opt out. */
-    idempotency?: IdempotencyRouteOptions | boolean;
+    /**
+     * oncely for this route: options over the plugin's, `true` for the plugin's, `false` to opt out. Write
+     * `{ ttl: '1h' } satisfies IdempotencyRouteConfig` to have a misspelt option caught at compile time.
+     */
+    idempotency?: IdempotencyRouteConfig;
   }
   interface FastifyRequest {
     /** The Idempotency-Key this request runs under (unquoted), set while oncely covers the request. */
@@ -59,6 +74,17 @@ type StatefulRequest = FastifyRequest & { [kState]: RequestState | null };
 
 const PLUGIN_OPTIONS = new Set(['global']);
 
+/**
+ * What the registration nearest a route so far decided for it, by route options object (onRoute hooks see each
+ * route in every registration's context, the outermost first): the engine its options make there, and the hooks
+ * it put on the route, for a registration nearer the route to take off.
+ */
+interface RouteClaim {
+  readonly engine: Idempotency<FastifyRequest>;
+  hooks: { preHandler: unknown; onSend: unknown; onError: unknown } | undefined;
+}
+const claims = new WeakMap<object, RouteClaim>();
+
 async function idempotencyPluginAsync(
   fastify: FastifyInstance,
   options: FastifyIdempotencyOptions,
@@ -66,6 +92,7 @@ async function idempotencyPluginAsync(
   const { global = true, ...shared } = options;
   // Options are checked here, once; route options are checked when each route is added.
   const engine = new Idempotency<FastifyRequest>(shared, undefined, PLUGIN_OPTIONS);
+  const registration = registrationOf(engine, shared, idempotencyPluginAsync, 'idempotencyPlugin');
 
   // A second registration (say, in a child context) shares the decorators of the first.
   if (!fastify.hasRequestDecorator(kState)) {
@@ -75,9 +102,24 @@ async function idempotencyPluginAsync(
   }
 
   fastify.addHook('onRoute', (route) => {
+    // The registration nearest the route decides for it alone, with its options over the outer ones' (a child
+    // context's over the root's; within one context, the one registered last): the outer ones' hooks come off.
+    const outer = claims.get(route);
+    if (outer?.hooks !== undefined) {
+      const { preHandler, onSend, onError } = outer.hooks;
+      route.preHandler = toArray(route.preHandler).filter((hook) => hook !== preHandler);
+      route.onSend = toArray(route.onSend).filter((hook) => hook !== onSend);
+      route.onError = toArray(route.onError).filter((hook) => hook !== onError);
+    }
+    const claim: RouteClaim = {
+      engine: outer === undefined ? engine : nestedEngine(outer.engine, registration),
+      hooks: undefined,
+    };
+    claims.set(route, claim);
     const config = route.config?.idempotency;
     if (config === false || (config === undefined && !global)) return;
-    const routeEngine = typeof config === 'object' && config !== null ? engine.with(config) : engine;
+    const routeEngine =
+      typeof config === 'object' && config !== null ? claim.engine.with(config) : claim.engine;
     const methods = Array.isArray(route.method) ? route.method : [route.method];
     if (!methods.some((method) => routeEngine.covers(method))) return;
 
@@ -178,6 +220,7 @@ async function idempotencyPluginAsync(
     route.preHandler = [...toArray(route.preHandler), preHandler];
     route.onSend = [...toArray(route.onSend), onSend];
     route.onError = [...toArray(route.onError), onError];
+    claim.hooks = { preHandler, onSend, onError };
   });
 }
 
@@ -213,7 +256,7 @@ function onResponseClose(state: RequestState, reply: FastifyReply): void {
     // The client went away before the end of a body too large to keep. The handler ran: record it as
     // executed (a retry gets a 410, never a second run), and stop reading the source.
     stream.stop();
-    settle((execution) => execution.complete(stream.captured));
+    settle((execution) => execution.endedEarly(stream.captured.status, stream.captured.headers));
     return;
   }
   const raw = reply.raw;
@@ -254,8 +297,9 @@ async function* continuation(
     await take(state)?.complete(captured);
   } finally {
     if (!ended) {
+      // The client went away (Fastify destroyed this stream): the engine records the early end.
       read.stop();
-      await take(state)?.complete(captured);
+      await take(state)?.endedEarly(captured.status, captured.headers);
     }
   }
 }

@@ -1,8 +1,8 @@
 import { Writable } from 'node:stream';
-import { IdempotencyOptionsError, scopeByHeader } from '@oncely/core';
+import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
 import { brokenStore } from '@oncely/testing';
 import Fastify, { type FastifyInstance } from 'fastify';
-import idempotencyPluginDefault, { idempotencyPlugin } from '../src';
+import idempotencyPluginDefault, { idempotencyPlugin, scopeByHeader } from '../src';
 
 const post = (app: FastifyInstance, url: string, key?: string, payload: object = {}) =>
   app.inject({ method: 'POST', url, payload, headers: key === undefined ? {} : { 'idempotency-key': key } });
@@ -46,7 +46,7 @@ describe('@oncely/fastify specifics', () => {
     await app.close();
   });
 
-  test('scopeByHeader types as a Fastify scope and isolates API keys', async () => {
+  test('scopeByHeader, exported by @oncely/fastify, types as a Fastify scope and isolates API keys', async () => {
     const app = Fastify();
     await app.register(idempotencyPlugin, {
       scope: scopeByHeader('x-api-key', { secret: 'fastify-test-secret-0123456789' }),
@@ -173,7 +173,7 @@ describe('@oncely/fastify specifics', () => {
 
   test('bad plugin or route options fail at registration, naming the option', async () => {
     const app = Fastify();
-    await expect(app.register(idempotencyPlugin, { ttl: 'never' })).rejects.toThrow(/option "ttl"/);
+    await expect(app.register(idempotencyPlugin, { ttl: 'never' as never })).rejects.toThrow(/option "ttl"/);
     const app2 = Fastify();
     await app2.register(idempotencyPlugin);
     expect(() =>
@@ -187,6 +187,46 @@ describe('@oncely/fastify specifics', () => {
       Symbol.for('plugin-meta')
     ];
     expect(meta?.name).toBe('@oncely/fastify');
+  });
+
+  test('registered again in a child context: its options are over the root one’s for its routes, route config over both', async () => {
+    const store = new MemoryStore();
+    const app = Fastify();
+    await app.register(idempotencyPlugin, { store, scope: false });
+    let runs = 0;
+    app.post('/public', async () => ({ run: ++runs }));
+    await app.register(async (child) => {
+      // No store given: the root registration's store, with this scope.
+      await child.register(idempotencyPlugin, { scope: (request) => String(request.headers['x-user']) });
+      child.post('/mine', { config: { idempotency: { required: true } } }, async (request) => ({
+        user: request.headers['x-user'],
+        run: ++runs,
+      }));
+      child.post('/loose', async (request) => ({ user: request.headers['x-user'], run: ++runs }));
+    });
+    const as = (url: string, user: string, key?: string) =>
+      app.inject({
+        method: 'POST',
+        url,
+        payload: {},
+        headers: { 'x-user': user, ...(key === undefined ? {} : { 'idempotency-key': key }) },
+      });
+    const alice = await as('/mine', 'alice', 'k');
+    const bob = await as('/mine', 'bob', 'k');
+    expect(alice.json()).toEqual({ user: 'alice', run: 1 });
+    expect(bob.headers['idempotent-replayed']).toBeUndefined();
+    expect(bob.json()).toEqual({ user: 'bob', run: 2 });
+    expect((await as('/mine', 'alice', 'k')).headers['idempotent-replayed']).toBe('true');
+    // The route's config is over the child registration's options; the child's sibling route keeps its own.
+    expect((await as('/mine', 'alice')).statusCode).toBe(400);
+    expect((await as('/loose', 'alice')).statusCode).toBe(200);
+    // The root's routes keep the root's options: one key space, as configured.
+    expect((await as('/public', 'alice', 'p')).json()).toEqual({ run: 4 });
+    const publicReplay = await as('/public', 'bob', 'p');
+    expect(publicReplay.headers['idempotent-replayed']).toBe('true');
+    // Every record in the root's store: 2 on /mine, 1 on /public.
+    expect(store.size).toBe(3);
+    await app.close();
   });
 
   test('registering the plugin twice does not make a request conflict with itself', async () => {

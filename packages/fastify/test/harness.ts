@@ -1,6 +1,13 @@
 import { Readable } from 'node:stream';
-import { type AdapterHarness, routeCounts, type TestApp, type TestAppOptions } from '@oncely/testing';
-import Fastify from 'fastify';
+import {
+  type AdapterHarness,
+  pipeParams,
+  pipeSource,
+  routeCounts,
+  type TestApp,
+  type TestAppOptions,
+} from '@oncely/testing';
+import Fastify, { type RouteOptions } from 'fastify';
 import { idempotencyPlugin } from '../src';
 
 function streamBytes(): Buffer {
@@ -12,16 +19,20 @@ function streamBytes(): Buffer {
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** The suite's routes (see TestApp in @oncely/testing), on Fastify. */
-export const fastifyHarness: AdapterHarness = {
+export const fastifyHarness: AdapterHarness & {
+  create(options: TestAppOptions, inner?: TestAppOptions): Promise<TestApp>;
+} = {
   name: 'Fastify 5',
-  async create(options: TestAppOptions): Promise<TestApp> {
+  nested: { rule: 'nearest', create: (outer, inner) => fastifyHarness.create(outer, inner) },
+  // With `inner`, POST /charges is declared in a child context that registers the plugin again with it.
+  async create(options: TestAppOptions, inner?: TestAppOptions): Promise<TestApp> {
     const { hit: count, count: counted } = routeCounts();
     const app = Fastify();
     await app.register(idempotencyPlugin, options);
     app.setErrorHandler((error: Error & { status?: number }, _request, reply) => {
       reply.code(error.status ?? 500).send({ error: error.message });
     });
-    app.route({
+    const charges: RouteOptions = {
       method: ['GET', 'POST', 'PUT', 'PATCH', 'DELETE'],
       url: '/charges',
       handler: async (request, reply) => {
@@ -33,7 +44,15 @@ export const fastifyHarness: AdapterHarness = {
         reply.code(request.method === 'GET' || request.method === 'DELETE' ? 200 : 201);
         return { id: n, amount: (request.body as { amount?: number } | undefined)?.amount ?? null };
       },
-    });
+    };
+    if (inner === undefined) app.route(charges);
+    else {
+      app.route({ ...charges, method: ['GET', 'PUT', 'PATCH', 'DELETE'] });
+      await app.register(async (child) => {
+        await child.register(idempotencyPlugin, inner);
+        child.route({ ...charges, method: 'POST' });
+      });
+    }
     app.post('/status/:code', async (request, reply) => {
       const n = count('status');
       const delay = Number((request.query as { delay?: string }).delay ?? 0);
@@ -86,6 +105,25 @@ export const fastifyHarness: AdapterHarness = {
       return 'héllo wörld ✓';
     });
     app.post('/key', async (request) => ({ key: request.idempotencyKey ?? null }));
+    app.post('/bad-status', {
+      handler: async (request, reply) => {
+        count('bad-status');
+        // Fastify's reply.code() refuses it (throws), as Node would.
+        if ((request.query as { in?: string }).in === 'handler')
+          return reply.code(undefined as never).send({});
+        throw new Error('no status');
+      },
+      // A hand-written error handler that trusts every error to carry a status.
+      errorHandler: (error: Error & { status?: number }, _request, reply) => {
+        reply.code(error.status as number).send({ error: error.message });
+      },
+    });
+    app.post('/pipe', async (request, reply) => {
+      count('pipe');
+      const { chunks, every } = pipeParams(request.query as Record<string, unknown>);
+      reply.type('application/octet-stream');
+      return reply.send(pipeSource(chunks, every));
+    });
     await app.listen({ port: 0, host: '127.0.0.1' });
     const address = app.server.address();
     const port = typeof address === 'object' && address !== null ? address.port : 0;

@@ -1,17 +1,37 @@
 import {
+  scopeByHeader as headerScope,
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
+  nestedEngine,
+  type Registration,
+  registrationOf,
+  type ScopeByHeaderOptions,
   type StoredResponse,
 } from '@oncely/core';
 import { HandlerFailure, KnownBody, respondOnce, toResponse } from '@oncely/web';
 import type { Context, Env, MiddlewareHandler } from 'hono';
 
 /**
- * Options of the Hono middleware: the shared options (contract §2); `scope` and `fingerprint` get Hono's `Context`.
+ * Options of the Hono middleware: the shared options (docs/options.md); `scope` and `fingerprint` get Hono's `Context`.
  * Give your app's `Env` to type its variables there: `idempotency<AppEnv>({ scope: (c) => c.get('userId') })`.
  */
 export type HonoIdempotencyOptions<E extends Env = Env> = IdempotencyOptions<Context<E>>;
+
+export type { ScopeByHeaderOptions };
+
+/**
+ * The scope the docs recommend for API keys, for Hono, whose `scope` gets the `Context`:
+ * `idempotency({ scope: scopeByHeader('authorization', { secret }) })`. The scope is `<header>:` and an HMAC-SHA256
+ * of the header's value keyed by `secret` (`@oncely/core`'s `scopeByHeader`, on `c.req.raw`).
+ */
+export function scopeByHeader<E extends Env = Env>(
+  header: string,
+  options: ScopeByHeaderOptions,
+): (c: Context<E>) => string {
+  const scope = headerScope(header, options);
+  return (c) => scope(c.req.raw);
+}
 
 /** What the middleware sets on the context of a covered request: `c.get('idempotencyKey')`. */
 export interface IdempotencyVariables {
@@ -26,12 +46,10 @@ declare module 'hono' {
   interface ContextVariableMap extends IdempotencyVariables {}
 }
 
-// Requests an oncely middleware already holds, shared by every copy of this package: when two meet one request
-// (app-wide and on a route), the first that takes it wins, as in the Express adapter.
-const kHeld = Symbol.for('oncely.hono.held');
-const globalHeld = globalThis as typeof globalThis & { [kHeld]?: WeakSet<Request> };
-globalHeld[kHeld] ??= new WeakSet<Request>();
-const held = globalHeld[kHeld];
+// The registration of each oncely middleware, to find them among the handlers Hono matched for a request.
+const registrations = new WeakMap<object, Registration<Context>>();
+// How many were made: with one, no request can meet two, and the search is skipped.
+let made = 0;
 
 /**
  * Hono middleware: `app.use('/api/*', idempotency())` covers every POST/PUT/PATCH under `/api`; on one route,
@@ -43,12 +61,16 @@ export function idempotency<E extends Env = Env>(
   options: HonoIdempotencyOptions<E> = {},
 ): MiddlewareHandler<E> {
   const engine = new Idempotency<Context<E>>(options);
-  return async function idempotencyMiddleware(c, next) {
+  const registration = registrationOf(engine, options, idempotency, 'idempotency()');
+  made++;
+  const middleware: MiddlewareHandler<E> = async function idempotencyMiddleware(c, next) {
     const raw = c.req.raw;
-    if (held.has(raw)) return next();
+    const handling = made > 1 ? nearest(c, registration as Registration<Context>) : engine;
+    // A registration nearer the route handles this request.
+    if (handling === undefined) return next();
     let ran = false;
     const response = await respondOnce(
-      engine,
+      handling as Idempotency<Context<E>>,
       {
         request: raw,
         target: c,
@@ -59,6 +81,7 @@ export function idempotency<E extends Env = Env>(
         // Functions of the context, not closures over it: nothing more allocated per request.
         clientGone,
         respond: withOuterHeaders,
+        registration: registration as Registration<Context<E>>,
       },
       async (context) => {
         ran = true;
@@ -66,7 +89,6 @@ export function idempotency<E extends Env = Env>(
           await next();
           return c.res;
         }
-        held.add(raw);
         c.set('idempotencyKey', context.key);
         c.set('idempotency', context);
         const known = watchBody(c);
@@ -93,6 +115,58 @@ export function idempotency<E extends Env = Env>(
       c.res = response;
     }
   };
+  registrations.set(middleware, registration as Registration<Context>);
+  return middleware;
+}
+
+/**
+ * Hono knows every handler of a request before the first runs: when oncely middlewares are among them (app-wide,
+ * on a sub-app, on the route), the one nearest the route that covers the request handles it, with its options
+ * over the outer ones' (as a route's options are over a plugin's on Fastify), and the others step aside. Gives the
+ * engine this middleware handles the request with, or `undefined` when another one handles it.
+ */
+function nearest(c: Context, own: Registration<Context>): Idempotency<Context> | undefined {
+  const req = c.req as { matchedRoutes?: unknown; routeIndex?: unknown };
+  let routes: unknown;
+  try {
+    routes = req.matchedRoutes;
+  } catch {
+    return own.engine;
+  }
+  const index = req.routeIndex;
+  if (!Array.isArray(routes) || typeof index !== 'number') return own.engine;
+  const chain: Registration<Context>[] = [];
+  let position = -1;
+  for (let i = 0; i < routes.length; i++) {
+    const registration = registrationOfHandler((routes[i] as { handler?: unknown } | undefined)?.handler);
+    if (registration === undefined) continue;
+    if (i === index) position = chain.length;
+    chain.push(registration);
+  }
+  // Alone, or not found where Hono says this handler is: its own options.
+  if (chain.length < 2 || position === -1) return own.engine;
+  const engines: Idempotency<Context>[] = [];
+  let layered: Idempotency<Context> | undefined;
+  for (const registration of chain) {
+    layered = layered === undefined ? registration.engine : nestedEngine(layered, registration);
+    engines.push(layered);
+  }
+  const method = c.req.method;
+  for (let i = engines.length - 1; i >= 0; i--) {
+    if ((engines[i] as Idempotency<Context>).covers(method)) return i === position ? engines[i] : undefined;
+  }
+  return engines[position];
+}
+
+/** The registration of a matched handler, through the wrappers Hono puts around a sub-app's handlers. */
+function registrationOfHandler(handler: unknown): Registration<Context> | undefined {
+  for (let h = handler, depth = 0; typeof h === 'function' && depth < 8; depth++) {
+    const registration = registrations.get(h);
+    if (registration !== undefined) return registration;
+    // app.route() wraps a sub-app's handlers when the sub-app has its own error handler (hono's COMPOSED_HANDLER).
+    h = (h as { __COMPOSED_HANDLER?: unknown }).__COMPOSED_HANDLER;
+  }
+  return undefined;
 }
 
 /**

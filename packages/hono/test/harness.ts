@@ -4,6 +4,8 @@ import {
   type AdapterHarness,
   expectedBinary,
   expectedWebStream,
+  pipeParams,
+  pipeWebSource,
   routeCounts,
   serveTestApp,
   type TestApp,
@@ -18,9 +20,11 @@ const later = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** The suite's routes (see TestApp in @oncely/testing) on a Hono app with `app.use(idempotency())`. */
 export function honoHarness(name: string): AdapterHarness {
-  return {
+  const harness: NestableHarness = {
     name,
-    async create(options: TestAppOptions): Promise<TestApp> {
+    nested: { rule: 'nearest', create: (outer, inner) => harness.create(outer, inner) },
+    // With `inner`, POST /charges has a route-level middleware of its own too (the suite's nested registrations).
+    async create(options: TestAppOptions, inner?: TestAppOptions): Promise<TestApp> {
       const { hit: count, count: counted } = routeCounts();
       const app = new Hono();
       app.use(
@@ -28,6 +32,10 @@ export function honoHarness(name: string): AdapterHarness {
           viewOptions(options, (c: Context) => ({ headers: Object.fromEntries(c.req.raw.headers) })),
         ),
       );
+      if (inner !== undefined) {
+        const view = (c: Context) => ({ headers: Object.fromEntries(c.req.raw.headers) });
+        app.post('/charges', idempotency(viewOptions(inner, view)));
+      }
       app.on(['GET', 'POST', 'PUT', 'PATCH', 'DELETE'], '/charges', async (c) => {
         const n = count('charges');
         const text = await c.req.text();
@@ -75,7 +83,22 @@ export function honoHarness(name: string): AdapterHarness {
         return c.text('héllo wörld ✓');
       });
       app.post('/key', (c) => c.json({ key: c.get('idempotencyKey') ?? null }));
+      app.post('/bad-status', (c) => {
+        count('bad-status');
+        // Undici's Response refuses a status outside 200-599 (a RangeError); @hono/node-server's takes it, and
+        // Node would refuse it when writing the head.
+        if (c.req.query('in') === 'handler') return c.json({}, 1000 as ContentfulStatusCode);
+        throw new Error('no status');
+      });
+      app.post('/pipe', (c) => {
+        count('pipe');
+        const { chunks, every } = pipeParams(new URL(c.req.url).searchParams);
+        return c.body(pipeWebSource(chunks, every), 200, { 'content-type': 'application/octet-stream' });
+      });
       app.onError((error, c) => {
+        // /bad-status: a hand-written error handler that answers a status no HTTP response can have.
+        if (c.req.path === '/bad-status')
+          return c.json({ error: error.message }, ((error as { status?: number }).status ?? 1000) as never);
         const status = (error as Error & { status?: number }).status ?? 500;
         return c.json({ error: error.message }, status as ContentfulStatusCode);
       });
@@ -84,4 +107,10 @@ export function honoHarness(name: string): AdapterHarness {
       return serveTestApp(server, counted);
     },
   };
+  return harness;
 }
+
+/** A harness whose `create` also takes the options of a route-level registration on POST /charges. */
+type NestableHarness = AdapterHarness & {
+  create(options: TestAppOptions, inner?: TestAppOptions): Promise<TestApp>;
+};

@@ -1,9 +1,10 @@
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
 import { expectLeavingClientReleased, fetchHandlerClient } from '@oncely/testing';
+import { withIdempotency } from '@oncely/web';
 import { Hono } from 'hono';
 import { compress } from 'hono/compress';
 import { stream } from 'hono/streaming';
-import { idempotency } from '../src';
+import { idempotency, scopeByHeader } from '../src';
 
 const post = (app: Hono, path: string, key?: string, body = '{}', headers: Record<string, string> = {}) =>
   app.request(path, {
@@ -128,6 +129,46 @@ describe('@oncely/hono specifics', () => {
     expect(runs).toBe(1);
   });
 
+  test('app-wide and on the route with other options: the route’s decide, over the app-wide one’s; the app-wide one’s elsewhere', async () => {
+    const store = new MemoryStore();
+    const app = new Hono();
+    let runs = 0;
+    app.use(idempotency({ store, scope: false }));
+    // No store given: the app-wide one's, with this scope.
+    app.post('/mine', idempotency({ scope: (c) => c.req.header('x-user') ?? '' }), (c) =>
+      c.json({ user: c.req.header('x-user'), run: ++runs }, 201),
+    );
+    app.post('/public', (c) => c.json({ run: ++runs }, 201));
+    const as = (path: string, user: string, key: string) => post(app, path, key, '{}', { 'x-user': user });
+    expect(await (await as('/mine', 'alice', 'k')).json()).toEqual({ user: 'alice', run: 1 });
+    const bob = await as('/mine', 'bob', 'k');
+    expect(bob.headers.get('idempotent-replayed')).toBeNull();
+    expect(await bob.json()).toEqual({ user: 'bob', run: 2 });
+    expect((await as('/mine', 'alice', 'k')).headers.get('idempotent-replayed')).toBe('true');
+    expect((await as('/public', 'alice', 'p')).status).toBe(201);
+    expect((await as('/public', 'bob', 'p')).headers.get('idempotent-replayed')).toBe('true');
+    expect(runs).toBe(3);
+    expect(store.size).toBe(3);
+  });
+
+  test('a handler wrapped by withIdempotency behind the middleware, with another scope: refused with a 500, nothing stored', async () => {
+    const app = new Hono();
+    let runs = 0;
+    app.use(idempotency({ scope: false }));
+    const wrapped = withIdempotency(async () => Response.json({ run: ++runs }, { status: 201 }), {
+      scope: (request) => request.headers.get('x-user') ?? '',
+    });
+    app.post('/charges', (c) => wrapped(c.req.raw));
+    for (const user of ['alice', 'bob']) {
+      const res = await post(app, '/charges', 'k', '{}', { 'x-user': user });
+      expect(res.status).toBe(500);
+      expect(((await res.json()) as { type: string }).type).toBe(
+        'https://oncely.dev/problems/conflicting-registrations',
+      );
+    }
+    expect(runs).toBe(0);
+  });
+
   test('a middleware that read the body before oncely (a validator) leaves the fingerprint and the handler working', async () => {
     const app = new Hono();
     let runs = 0;
@@ -248,4 +289,19 @@ describe('@oncely/hono specifics', () => {
   test('options are checked once, when the middleware is made', () => {
     expect(() => idempotency({ lockTimeout: -1 })).toThrow(IdempotencyOptionsError);
   });
+});
+
+test('@oncely/hono exports scopeByHeader, taking the Context, which isolates API keys', async () => {
+  const app = new Hono();
+  app.use(
+    '*',
+    idempotency({ scope: scopeByHeader('x-api-key', { secret: 'adapter-test-secret-0123456789' }) }),
+  );
+  let runs = 0;
+  app.post('/charges', (c) => c.json({ run: ++runs }, 201));
+  const send = (apiKey: string) => post(app, '/charges', 'same', '{}', { 'x-api-key': apiKey });
+  expect((await send('k1')).status).toBe(201);
+  expect((await send('k2')).status).toBe(201);
+  expect((await send('k1')).headers.get('idempotent-replayed')).toBe('true');
+  expect(runs).toBe(2);
 });

@@ -1,15 +1,22 @@
 import { Readable } from 'node:stream';
 import {
+  conflictingOptions,
   type Execution,
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
+  type Registration,
+  refuseNested,
+  registrationOf,
   type StoredResponse,
 } from '@oncely/core';
 import type { Context, Middleware, Next } from 'koa';
 
-/** Options of the Koa middleware: the shared options (contract §2); `scope` and `fingerprint` get Koa's `Context`. */
+/** Options of the Koa middleware: the shared options (docs/options.md); `scope` and `fingerprint` get Koa's `Context`. */
 export type KoaIdempotencyOptions = IdempotencyOptions<Context>;
+
+/** The scope the docs recommend for API keys: a keyed hash of a credential header (`@oncely/core`'s, re-exported). */
+export { type ScopeByHeaderOptions, scopeByHeader } from '@oncely/core';
 
 /** What the middleware sets on `ctx.state` of a request it covers. */
 export interface IdempotencyState {
@@ -25,10 +32,18 @@ declare module 'koa' {
 }
 
 // Marks a context an oncely middleware already holds, the same symbol in every copy of this package: when two meet
-// one request (app-wide and on a route), the first that takes it wins, as in the Express adapter. On the context,
-// which Koa makes afresh per request, so the mark goes with it.
+// one request (app-wide and on a route), the first that takes it handles it, and the second compares its options
+// with the first's (see `stepAsideOrRefuse`), as in the Express adapter. On the context, which Koa makes afresh per
+// request, so the mark goes with it. (A copy from before the holder marked it `true`.)
 const kHeld = Symbol.for('oncely.koa.held');
-type HeldContext = Context & { [kHeld]?: true };
+type HeldContext = Context & { [kHeld]?: Holder | true };
+
+interface Holder {
+  /** The middleware that took the request. */
+  readonly registration: Registration<Context>;
+  /** Set by a middleware nearer the route that refused the request: the holder releases its key. */
+  refused: Error | undefined;
+}
 
 /**
  * Koa middleware (Koa 3): `app.use(idempotency())` covers every POST/PUT/PATCH; on one `@koa/router` route,
@@ -39,10 +54,13 @@ type HeldContext = Context & { [kHeld]?: true };
  */
 export function idempotency(options: KoaIdempotencyOptions = {}): Middleware {
   const engine = new Idempotency<Context>(options);
+  const registration = registrationOf(engine, options, idempotency, 'idempotency()');
 
   return async function idempotencyMiddleware(ctx: Context, next: Next): Promise<void> {
     const req = ctx.req;
-    if ((ctx as HeldContext)[kHeld] === true || !engine.covers(req.method as string)) return next();
+    if (!engine.covers(req.method as string)) return next();
+    const held = (ctx as HeldContext)[kHeld];
+    if (held !== undefined) return stepAsideOrRefuse(ctx, held, registration, next);
     const body = parsedBody(ctx);
     engine.warnIfBodyUnparsed(req.headers, body, 'a body parser (@koa/bodyparser)');
     const decision = await engine.handle({
@@ -66,7 +84,8 @@ export function idempotency(options: KoaIdempotencyOptions = {}): Middleware {
     if (decision.action === 'pass') return next();
     if (decision.action === 'respond') return send(ctx, decision.response);
     const { execution } = decision;
-    (ctx as HeldContext)[kHeld] = true;
+    const holder: Holder = { registration, refused: undefined };
+    (ctx as HeldContext)[kHeld] = holder;
     ctx.state.idempotencyKey = execution.clientKey;
     ctx.state.idempotency = { key: execution.clientKey, db: execution.db };
     // Headers set before oncely ran (CORS, a request id) belong to the middlewares outside it, which set them
@@ -74,7 +93,9 @@ export function idempotency(options: KoaIdempotencyOptions = {}): Middleware {
     execution.headersBeforeHandler(ctx.res.getHeaders());
     try {
       await next();
-      await capture(ctx, execution);
+      // A middleware nearer the route refused the request (its answer is in ctx): nothing of it is stored.
+      if (holder.refused !== undefined) await execution.fail(holder.refused);
+      else await capture(ctx, execution);
     } catch (error) {
       // Thrown by a later middleware or the handler (or the body failed before any of it was sent): the key is
       // released, so a retry runs again, and the error goes on to the app's error handling as usual.
@@ -85,6 +106,34 @@ export function idempotency(options: KoaIdempotencyOptions = {}): Middleware {
 }
 
 export default idempotency;
+
+/**
+ * A middleware meets a request that another one (app-wide, say) took first: Koa runs the app's middlewares before
+ * the router picks a route, so the outer one cannot leave the request to this one. If this one sets no option that
+ * changes which record the request maps to, what is stored or how it is answered, it steps aside (a
+ * `required: true` over the same store is such a one: the outer one took the request by its key). Otherwise
+ * applying either one's options would be wrong: the request is refused with a 500 naming both, and the outer one
+ * releases its key instead of storing that answer.
+ */
+function stepAsideOrRefuse(
+  ctx: Context,
+  held: Holder | true,
+  registration: Registration<Context>,
+  next: Next,
+): Promise<void> {
+  // Taken by this very middleware (mounted twice), or by a copy that does not say how: left to it.
+  if (held === true || held.registration === registration) return next();
+  const names = conflictingOptions(held.registration.engine.options, registration);
+  if (names.length === 0) return next();
+  const refusal = refuseNested(
+    held.registration as Registration<never>,
+    registration as Registration<never>,
+    names,
+  );
+  held.refused ??= refusal.error;
+  send(ctx, refusal.response);
+  return Promise.resolve();
+}
 
 const PARSED_TYPES =
   /^application\/(?:[\w.+-]*\+)?json|^application\/x-www-form-urlencoded|^multipart\/form-data/i;
@@ -144,7 +193,9 @@ async function capture(ctx: Context, execution: Execution): Promise<void> {
     // The handler answers through ctx.res itself, around Koa and oncely: its bytes cannot be held, so the
     // request is kept as executed (status only; a retry gets a 410) once the response is finished.
     const executed = () =>
-      void execution.complete({ status: res.statusCode, headers: res.getHeaders(), body: undefined });
+      void (res.writableFinished
+        ? execution.complete({ status: res.statusCode, headers: res.getHeaders(), body: undefined })
+        : execution.endedEarly(res.statusCode, res.getHeaders()));
     if (res.writableFinished || res.destroyed) executed();
     else res.once('close', executed);
     return;
@@ -210,7 +261,7 @@ async function capture(ctx: Context, execution: Execution): Promise<void> {
 }
 
 function executedWithoutBody(ctx: Context, execution: Execution): Promise<unknown> {
-  return execution.complete({ status: ctx.status, headers: ctx.res.getHeaders(), body: undefined });
+  return execution.endedEarly(ctx.status, ctx.res.getHeaders());
 }
 
 type Chunks = AsyncIterator<unknown>;
@@ -276,12 +327,15 @@ function continuation(
 ): Readable {
   const status = ctx.status;
   let settled = false;
-  const executed = (): void => {
+  // At the stream's end, or (early) when it fails, is destroyed, or the response closes without it: the engine
+  // records either as executed without a body.
+  const executed = (early = true): void => {
     if (settled) return;
     settled = true;
-    void execution.complete({ status, headers, body: undefined });
+    if (early) void execution.endedEarly(status, headers);
+    else void execution.complete({ status, headers, body: undefined });
   };
-  ctx.res.once('close', executed);
+  ctx.res.once('close', () => executed());
   return new Readable({
     read() {
       const chunk = held.shift();
@@ -292,7 +346,7 @@ function continuation(
       rest.next().then(
         ({ done, value }) => {
           if (done) {
-            executed();
+            executed(false);
             this.push(null);
           } else this.push(toChunk(value));
         },

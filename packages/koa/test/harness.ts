@@ -6,6 +6,8 @@ import {
   type AdapterHarness,
   expectedBinary,
   expectedStream,
+  pipeParams,
+  pipeSource,
   routeCounts,
   serveTestApp,
   sleep,
@@ -40,9 +42,11 @@ export async function jsonErrors(ctx: Context, next: Next): Promise<void> {
 
 /** The suite's routes (see TestApp in @oncely/testing) on Koa 3 and @koa/router, with `app.use(idempotency())`. */
 export function koaHarness(name: string): AdapterHarness {
-  return {
+  const harness: NestableHarness = {
     name,
-    async create(options: TestAppOptions): Promise<TestApp> {
+    nested: { rule: 'refused', create: (outer, inner) => harness.create(outer, inner) },
+    // With `inner`, POST /charges has a route-level middleware of its own too (the suite's nested registrations).
+    async create(options: TestAppOptions, inner?: TestAppOptions): Promise<TestApp> {
       const { hit: count, count: counted } = routeCounts();
       const app = new Koa();
       app.silent = true;
@@ -50,6 +54,8 @@ export function koaHarness(name: string): AdapterHarness {
       app.use(bodyParser());
       app.use(idempotency(viewOptions(options, (ctx: Context) => ({ headers: ctx.req.headers }))));
       const router = new Router();
+      const view = (ctx: Context) => ({ headers: ctx.req.headers });
+      if (inner !== undefined) router.post('/charges', idempotency(viewOptions(inner, view)));
       router.all('/charges', async (ctx) => {
         const n = count('charges');
         const delay = Number(ctx.query.delay ?? 0);
@@ -100,8 +106,37 @@ export function koaHarness(name: string): AdapterHarness {
       router.post('/key', (ctx) => {
         ctx.body = { key: ctx.state.idempotencyKey ?? null };
       });
+      router.post(
+        '/bad-status',
+        // A hand-written error handler that trusts every error to carry a status (Koa's ctx.status refuses it).
+        async (ctx, next) => {
+          try {
+            await next();
+          } catch (error) {
+            ctx.status = (error as { status?: number }).status as number;
+            ctx.body = { error: (error as Error).message };
+          }
+        },
+        (ctx) => {
+          count('bad-status');
+          if (ctx.query.in === 'handler') ctx.status = undefined as unknown as number;
+          else throw new Error('no status');
+        },
+      );
+      router.post('/pipe', (ctx) => {
+        count('pipe');
+        const { chunks, every } = pipeParams(ctx.query);
+        ctx.type = 'application/octet-stream';
+        ctx.body = pipeSource(chunks, every);
+      });
       app.use(router.routes());
       return serveTestApp(createServer(app.callback()), counted);
     },
   };
+  return harness;
 }
+
+/** A harness whose `create` also takes the options of a route-level registration on POST /charges. */
+type NestableHarness = AdapterHarness & {
+  create(options: TestAppOptions, inner?: TestAppOptions): Promise<TestApp>;
+};

@@ -29,12 +29,14 @@ import {
   type AdapterHarness,
   expectedBinary,
   expectedStream,
+  pipeParams,
+  pipeSource,
   routeCounts,
   serveTestApp,
   type TestApp,
   type TestAppOptions,
 } from '@oncely/testing';
-import { IdempotencyKey, IdempotencyModule, type IdempotencyModuleOptions } from '../src';
+import { IdempotencyKey, IdempotencyModule, type IdempotencyModuleOptions, Idempotent } from '../src';
 
 export type Platform = 'express' | 'fastify';
 
@@ -179,6 +181,26 @@ export class SuiteController {
   key(@IdempotencyKey() key: string | undefined) {
     return { key: key ?? null };
   }
+
+  @Post('bad-status')
+  badStatus(@Query('in') where: string | undefined, @Res({ passthrough: true }) res: PlatformResponse) {
+    this.counts.hit('bad-status');
+    // Express 5's res.status() and Fastify's reply.status() refuse it (they throw).
+    if (where === 'handler') res.status(undefined as unknown as number);
+    else throw new Error('no status');
+    return {};
+  }
+
+  @Post('pipe')
+  @HttpCode(200)
+  pipe(
+    @Query('chunks') chunks: string | undefined,
+    @Query('every') every: string | undefined,
+  ): StreamableFile {
+    this.counts.hit('pipe');
+    const params = pipeParams({ chunks, every });
+    return new StreamableFile(pipeSource(params.chunks, params.every));
+  }
 }
 
 /** The suite's error handler: `err.status ?? 500` with JSON `{ error }`, written through the platform. */
@@ -187,6 +209,22 @@ export class SuiteErrorFilter implements ExceptionFilter {
   constructor(private readonly adapter: HttpServer) {}
 
   catch(error: Error & { status?: number; getStatus?: () => number }, host: ArgumentsHost): void {
+    const http = host.switchToHttp();
+    if (http.getRequest<{ url?: string }>().url?.startsWith('/bad-status')) {
+      // A hand-written filter that trusts every error to carry a status, on the platform's own response.
+      const response = http.getResponse<{
+        code?: (status: number) => { send(body: unknown): void };
+        statusCode: number;
+        json(body: unknown): void;
+      }>();
+      if (typeof response.code === 'function')
+        response.code(error.status as number).send({ error: error.message });
+      else {
+        response.statusCode = error.status as number;
+        response.json({ error: error.message });
+      }
+      return;
+    }
     const status = error.getStatus?.() ?? error.status ?? 500;
     this.adapter.reply(host.switchToHttp().getResponse(), { error: error.message }, status);
   }
@@ -222,16 +260,21 @@ export async function serveNest(
 
 /** The suite's routes on a Nest application on `platform`, every POST/PUT/PATCH covered (`global: true`). */
 export function nestHarness(name: string, platform: Platform): AdapterHarness {
-  return {
+  const harness: AdapterHarness & {
+    create(options: TestAppOptions, inner?: TestAppOptions): Promise<TestApp>;
+  } = {
     name,
-    async create(options: TestAppOptions): Promise<TestApp> {
+    // A handler's @Idempotent() options are over the module's: the nearest decides.
+    nested: { rule: 'nearest', create: (outer, inner) => harness.create(outer, inner) },
+    // With `inner`, the POST /charges handler is marked @Idempotent(inner) (the suite's nested registrations).
+    async create(options: TestAppOptions, inner?: TestAppOptions): Promise<TestApp> {
       const counts = routeCounts();
       const moduleOptions: IdempotencyModuleOptions = { ...options, global: true };
       return serveNest(
         platform,
         {
           imports: [IdempotencyModule.forRoot(moduleOptions)],
-          controllers: [SuiteController],
+          controllers: [inner === undefined ? SuiteController : markedCharges(inner)],
           providers: [{ provide: COUNTS, useValue: counts }],
         },
         counts.count,
@@ -241,4 +284,22 @@ export function nestHarness(name: string, platform: Platform): AdapterHarness {
       );
     },
   };
+  return harness;
+}
+
+/** The suite's controller with its POST /charges handler marked `@Idempotent(inner)`. */
+function markedCharges(inner: TestAppOptions): typeof SuiteController {
+  @Controller()
+  class MarkedSuiteController extends SuiteController {
+    @Post('charges')
+    @Idempotent(inner)
+    override post(
+      @Body() body: ChargeBody | undefined,
+      @Query('delay') delay: string | undefined,
+      @Res({ passthrough: true }) res: PlatformResponse,
+    ) {
+      return super.post(body, delay, res);
+    }
+  }
+  return MarkedSuiteController;
 }

@@ -34,8 +34,11 @@ import {
 } from '@nestjs/common';
 import { APP_INTERCEPTOR } from '@nestjs/core';
 import { MemoryStore, OBSERVERS } from '@oncely/core';
+import { idempotency } from '@oncely/express';
+import { idempotencyPlugin } from '@oncely/fastify';
 import { binaryParser, routeCounts, type TestApp } from '@oncely/testing';
 import compression from 'compression';
+import type { FastifyInstance } from 'fastify';
 import { catchError, map, type Observable, TimeoutError, tap, throwError, timeout, timer } from 'rxjs';
 import request from 'supertest';
 import {
@@ -44,6 +47,7 @@ import {
   type IdempotencyModuleOptions,
   Idempotent,
   type IdempotentRequest,
+  scopeByHeader,
 } from '../src';
 import { COUNTS, type Platform, type PlatformResponse, serveNest } from './harness';
 
@@ -377,7 +381,9 @@ describe.each(['express', 'fastify'] as const)('@oncely/nestjs on %s', (platform
     });
 
     test('wrong module options fail at startup, naming the option', async () => {
-      await expect(start(IdempotencyModule.forRoot({ ttl: 'forever' }))).rejects.toThrow(/option "ttl"/);
+      await expect(start(IdempotencyModule.forRoot({ ttl: 'forever' as never }))).rejects.toThrow(
+        /option "ttl"/,
+      );
       await expect(
         start(IdempotencyModule.forRoot({ global: 'yes' } as unknown as IdempotencyModuleOptions)),
       ).rejects.toThrow(/option "global"/);
@@ -397,6 +403,44 @@ describe.each(['express', 'fastify'] as const)('@oncely/nestjs on %s', (platform
       ).rejects.toThrow(
         /option "useFactory" must return the options object \(or \{\}\); it returned undefined/,
       );
+    });
+
+    test('scopeByHeader, exported by @oncely/nestjs, isolates API keys', async () => {
+      @Controller('api-keys')
+      class ApiKeyController {
+        runs = 0;
+        @Post('charges')
+        @Idempotent({ required: true })
+        charge() {
+          return { run: ++this.runs };
+        }
+      }
+      const counts = routeCounts();
+      const app = await serveNest(
+        platform,
+        {
+          imports: [
+            IdempotencyModule.forRoot({
+              scope: scopeByHeader('x-api-key', { secret: 'adapter-test-secret-0123456789' }),
+            }),
+          ],
+          controllers: [ApiKeyController],
+        },
+        counts.count,
+      );
+      apps.push(app);
+      const key = newKey();
+      const send = (apiKey: string) =>
+        request(app.url)
+          .post('/api-keys/charges')
+          .set('Idempotency-Key', key)
+          .set('x-api-key', apiKey)
+          .send({});
+      expect((await send('k1')).body).toEqual({ run: 1 });
+      expect((await send('k2')).body).toEqual({ run: 2 });
+      const again = await send('k1');
+      expect(again.headers['idempotent-replayed']).toBe('true');
+      expect(again.body).toEqual({ run: 1 });
     });
 
     test('an option given as undefined in @Idempotent() inherits the module’s (scope, store, observers), as on both platforms', async () => {
@@ -676,6 +720,42 @@ describe.each(['express', 'fastify'] as const)('@oncely/nestjs on %s', (platform
   });
 
   describe('differences between the platforms (documented in docs/frameworks/nestjs.md)', () => {
+    test(`oncely also mounted by hand with another scope: ${platform === 'express' ? 'refused with a 500 naming both' : "the module's options decide (registered nearer the routes)"}; never one user's answer in another's`, async () => {
+      const counts = routeCounts();
+      const app = await start(
+        IdempotencyModule.forRoot({
+          global: true,
+          scope: (req) => `user:${String((req.headers as Record<string, unknown>)['x-user'])}`,
+        }),
+        counts,
+        [],
+        async (nest) => {
+          if (platform === 'express') nest.use(idempotency({ scope: false }));
+          else
+            await (nest.getHttpAdapter().getInstance() as FastifyInstance).register(idempotencyPlugin, {
+              scope: false,
+            });
+        },
+      );
+      const key = newKey();
+      const as = (user: string) =>
+        request(app.url).post('/plain').set('x-user', user).set('Idempotency-Key', key).send({});
+      const alice = await as('alice');
+      const bob = await as('bob');
+      expect(bob.headers['idempotent-replayed']).toBeUndefined();
+      if (platform === 'express') {
+        for (const answer of [alice, bob]) {
+          expect(answer.status).toBe(500);
+          expect(answer.body.type).toBe('https://oncely.dev/problems/conflicting-registrations');
+        }
+        expect(counts.count('plain')).toBe(0);
+      } else {
+        expect(alice.body).toEqual({ n: 1 });
+        expect(bob.body).toEqual({ n: 2 });
+        expect((await as('alice')).headers['idempotent-replayed']).toBe('true');
+      }
+    });
+
     // Express: oncely runs as a global interceptor, after guards, so `scope` sees what a guard set.
     // Fastify: oncely runs in the route's preHandler hook, before Nest's guards, so it does not.
     test(`scope and guards: ${platform === 'express' ? 'scope sees req.user set by a guard' : 'scope runs before guards'}`, async () => {

@@ -4,6 +4,8 @@ import { connect } from 'node:net';
 import { type IdempotencyOptions, type IdempotencyStore, type Logger, scopeByHeader } from '@oncely/core';
 import request from 'supertest';
 import { expectLeavingClientReleased, http1Post } from './harness-helpers';
+import { handlerFailuresSuite } from './http-suite-failures';
+import { nestedRegistrationsSuite } from './http-suite-nested';
 
 /** What the suite's option callbacks may read from a request, whatever the framework. */
 export interface TestRequest {
@@ -39,6 +41,22 @@ export interface AdapterHarness {
   create(options: TestAppOptions): Promise<TestApp>;
   /** The store its apps get when a test gives none (set by `onStore`); a MemoryStore of their own otherwise. */
   store?(): IdempotencyStore;
+  /** Apps where a second registration covers `POST /charges` nearer the route than the app-wide one. */
+  nested: NestedHarness;
+}
+
+export interface NestedHarness {
+  /**
+   * What the adapter does when the two registrations set different options: the one nearest the route handles
+   * the request (`'nearest'`), or the request is refused with a 500 (`'refused'`).
+   */
+  rule: 'nearest' | 'refused';
+  /**
+   * The suite's routes with `outer` registered as `create` registers its options, and `POST /charges` covered
+   * again by a registration of `inner` nearer the route: a route-level middleware, a Fastify child context, the
+   * handler wrapped a second time, `@Idempotent(inner)`.
+   */
+  create(outer: TestAppOptions, inner: TestAppOptions): Promise<TestApp>;
 }
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -140,6 +158,11 @@ export function onStore(
     create: (options) =>
       harness.create(options.store === undefined ? { ...options, store: store() } : options),
     store,
+    nested: {
+      rule: harness.nested.rule,
+      create: (outer, inner) =>
+        harness.nested.create(outer.store === undefined ? { ...outer, store: store() } : outer, inner),
+    },
   };
 }
 
@@ -174,9 +197,9 @@ export function httpSuiteOnRedis<Client extends RedisClientLike>(
   });
 }
 
-/** The HTTP behaviour of contract §3, identical for every adapter. */
+/** The HTTP behaviour docs/semantics.md describes, identical for every adapter. */
 export function httpBehaviourSuite(harness: AdapterHarness): void {
-  describe(`${harness.name}: HTTP behaviour (§3)`, () => {
+  describe(`${harness.name}: HTTP behaviour`, () => {
     const apps: TestApp[] = [];
     const make = async (options: TestAppOptions = {}) => {
       const app = await harness.create(options);
@@ -916,5 +939,8 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
         await request(app.url).post('/charges').set('Idempotency-Key', newKey()).send({}).expect(201);
       });
     });
+
+    nestedRegistrationsSuite(harness);
+    handlerFailuresSuite(harness);
   });
 }

@@ -26,6 +26,7 @@ export {
   expectedWebStream,
   httpBehaviourSuite,
   httpSuiteOnRedis,
+  type NestedHarness,
   onStore,
   type RedisClientLike,
   recordingLogger,
@@ -33,6 +34,30 @@ export {
   type TestAppOptions,
   type TestRequest,
 } from './http-suite';
+export { pipeParams, pipeSource, pipeWebSource } from './http-suite-failures';
+export {
+  BufferPool,
+  delayOf,
+  later,
+  MODEL_ROUTES,
+  type ModelApp,
+  type ModelAppFactory,
+  type ModelAppOptions,
+  ModelRecorder,
+  type ModelRoute,
+  type ModelRun,
+  type ModelSettings,
+  type ModelStep,
+  type ModelStore,
+  memoryModelStore,
+  modelOptions,
+  modelSettings,
+  modelSuite,
+  RunHandle,
+  redisModelStore,
+  runSequence,
+  scopeOf,
+} from './model';
 export {
   type AppProcess,
   fireAtOnce,

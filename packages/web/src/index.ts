@@ -1,4 +1,5 @@
 import {
+  conflictingOptions,
   type Execution,
   Idempotency,
   type IdempotencyContext,
@@ -6,11 +7,17 @@ import {
   type Logger,
   PROBLEM_TYPES,
   problemResponse,
+  type Registration,
+  refuseNested,
+  registrationOf,
   type StoredResponse,
 } from '@oncely/core';
 
-/** Options of `withIdempotency`: the shared options (contract §2); `scope` and `fingerprint` get the `Request`. */
+/** Options of `withIdempotency`: the shared options (docs/options.md); `scope` and `fingerprint` get the `Request`. */
 export type WebIdempotencyOptions = IdempotencyOptions<Request>;
+
+/** The scope the docs recommend for API keys: a keyed hash of a credential header (`@oncely/core`'s, re-exported). */
+export { type ScopeByHeaderOptions, scopeByHeader } from '@oncely/core';
 
 /** A web-standard fetch handler; extra arguments (Cloudflare's `env`, Next.js's route context) pass through. */
 export type FetchHandler<Args extends unknown[] = []> = (
@@ -47,8 +54,9 @@ export function withIdempotency<Args extends unknown[] = []>(
     );
   }
   const engine = new Idempotency<Request>(options);
+  const registration = registrationOf(engine, options, withIdempotency, 'withIdempotency()');
   return function idempotentHandler(request: Request, ...args: Args): Promise<Response> {
-    return respondOnce(engine, { request, target: request }, async (context) => {
+    return respondOnce(engine, { request, target: request, registration }, async (context) => {
       if (context !== undefined) contexts.set(request, context);
       return handler(request, ...args);
     });
@@ -84,7 +92,29 @@ export interface WebExchange<Req> {
    * adds the headers its middleware prepared before oncely (a request id, a session cookie).
    */
   respond?: (answer: StoredResponse, target: Req) => Response;
+  /**
+   * The registration handling the request (`engine` is its engine, or its options over an outer one's), so that
+   * another one the same request meets nearer the handler (a handler wrapped twice, Hono's middleware in front of
+   * a wrapped handler) can tell whether it may leave the request to this one. Without it, no such check is made.
+   */
+  registration?: Registration<Req>;
 }
+
+/** The registration that took a request, as a nested one meets it (`holders`). */
+interface Holder {
+  readonly registration: Registration<never>;
+  /** The engine it handles the request with. */
+  readonly engine: Idempotency<never>;
+  /** Set by a registration nearer the handler that refused the request: the holder releases its key. */
+  refused: Error | undefined;
+}
+
+// Requests a registration took, by Request, shared by every copy of this package (and so by @oncely/hono, which
+// goes through respondOnce): a WeakMap, since a Request may refuse new properties, and none must outlive it.
+const kHolders = Symbol.for('oncely.web.holders');
+const globalHolders = globalThis as typeof globalThis & { [kHolders]?: WeakMap<Request, Holder> };
+globalHolders[kHolders] ??= new WeakMap<Request, Holder>();
+const holders = globalHolders[kHolders];
 
 /** What `run` returns when the handler failed but the framework already turned the error into a response. */
 export class HandlerFailure {
@@ -127,6 +157,22 @@ export async function respondOnce<Req>(
       (headers === undefined ? !request.headers.has(o.header) : headers[o.header] === undefined))
   ) {
     return settledResponse(await run(undefined));
+  }
+  const taken = exchange.registration === undefined ? undefined : holders.get(request);
+  if (taken !== undefined && exchange.registration !== undefined) {
+    // Another registration took the request first (this one wraps the handler it runs). Nothing outside it tells
+    // the outer one about this one: if this one sets an option that would handle the request otherwise, neither
+    // may apply, and it is refused with a 500 naming both; the outer one then releases its key.
+    const names =
+      taken.registration === exchange.registration
+        ? []
+        : conflictingOptions(taken.engine.options, exchange.registration);
+    if (names.length === 0) return settledResponse(await run(undefined));
+    const refusal = refuseNested(taken.registration, exchange.registration as Registration<never>, names);
+    taken.refused ??= refusal.error;
+    return exchange.respond === undefined
+      ? toResponse(refusal.response)
+      : exchange.respond(refusal.response, exchange.target);
   }
   let body: unknown;
   // With a readBody of its own, the adapter reads the body; `request.body` is not touched, since on
@@ -179,9 +225,23 @@ export async function respondOnce<Req>(
     await execution.clientGone();
     return new Response(null, { status: 499 });
   }
+  let holder: Holder | undefined;
+  if (exchange.registration !== undefined) {
+    holder = {
+      registration: exchange.registration as Registration<never>,
+      engine: engine as Idempotency<never>,
+      refused: undefined,
+    };
+    holders.set(request, holder);
+  }
   let response: Response | HandlerFailure | KnownBody;
   try {
     response = await run({ key: execution.clientKey, db: execution.db });
+    if (holder?.refused !== undefined) {
+      // A registration nearer the handler refused it: that answer is sent, and nothing is stored.
+      await execution.fail(holder.refused);
+      return settledResponse(response);
+    }
     if (response instanceof HandlerFailure) {
       await execution.fail(response.error);
       return response.response;
@@ -204,7 +264,14 @@ export async function respondOnce<Req>(
     await execution.fail(error);
     throw error;
   }
-  return capture(execution, response);
+  try {
+    return await capture(execution, response);
+  } catch (error) {
+    // Reading the response threw before it was settled (a body or headers getter, a Response that refuses its own
+    // status): as if the handler had thrown, so its key is not left locked. Does nothing once it is settled.
+    await execution.fail(error);
+    throw error;
+  }
 }
 
 /** Stores the handler's response (or releases the key) and gives back one with the same bytes to send. */
@@ -252,11 +319,14 @@ function continuation(
   headers: Record<string, string | string[]>,
 ): ReadableStream<Uint8Array> {
   let settled = false;
-  const executed = () => {
+  // At the stream's end, or (early) when it fails, is cancelled or is dropped unread: the engine records either
+  // as executed without a body.
+  const executed = (early = true) => {
     if (settled) return;
     settled = true;
     abandoned?.unregister(execution);
-    void execution.complete({ status, headers, body: undefined });
+    if (early) void execution.endedEarly(status, headers);
+    else void execution.complete({ status, headers, body: undefined });
   };
   const body = new ReadableStream<Uint8Array>({
     async pull(controller) {
@@ -265,7 +335,7 @@ function continuation(
       try {
         const { done, value } = await reader.read();
         if (done) {
-          executed();
+          executed(false);
           controller.close();
         } else controller.enqueue(value);
       } catch (error) {

@@ -4,6 +4,8 @@ import {
   type AdapterHarness,
   expectedBinary,
   expectedWebStream,
+  pipeParams,
+  pipeWebSource,
   routeCounts,
   serveTestApp,
   type TestApp,
@@ -16,14 +18,19 @@ const later = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** The suite's routes (see TestApp in @oncely/testing) as one fetch handler wrapped by withIdempotency. */
 export function webHarness(name: string): AdapterHarness {
-  return {
+  const harness: NestableHarness = {
     name,
-    async create(options: TestAppOptions): Promise<TestApp> {
+    nested: { rule: 'refused', create: (outer, inner) => harness.create(outer, inner) },
+    // With `inner`, POST /charges is wrapped a second time (the suite's nested registrations).
+    async create(options: TestAppOptions, inner?: TestAppOptions): Promise<TestApp> {
       const { hit: count, count: counted } = routeCounts();
-      const routes = async (request: Request): Promise<Response> => {
+      const view = (request: Request) => ({ headers: Object.fromEntries(request.headers) });
+      const routes = async (request: Request, wrapped = false): Promise<Response> => {
         const url = new URL(request.url);
         const delay = Number(url.searchParams.get('delay') ?? 0);
         const path = url.pathname;
+        if (nestedCharges !== undefined && !wrapped && path === '/charges' && request.method === 'POST')
+          return nestedCharges(request);
         if (path === '/charges') {
           const n = count('charges');
           const text = await request.text();
@@ -70,8 +77,26 @@ export function webHarness(name: string): AdapterHarness {
           return new Response('héllo wörld ✓', { headers: { 'content-type': 'text/plain; charset=utf-8' } });
         }
         if (path === '/key') return Response.json({ key: idempotencyKeyOf(request) ?? null });
+        if (path === '/bad-status') {
+          count('bad-status');
+          // Undici's Response refuses a status outside 200-599 (a RangeError); @hono/node-server's takes it, and
+          // Node would refuse it when writing the head.
+          if (url.searchParams.get('in') === 'handler') return new Response('{}', { status: 1000 });
+          throw new Error('no status');
+        }
+        if (path === '/pipe') {
+          count('pipe');
+          const { chunks, every } = pipeParams(url.searchParams);
+          return new Response(pipeWebSource(chunks, every), {
+            headers: { 'content-type': 'application/octet-stream' },
+          });
+        }
         return new Response('not found', { status: 404 });
       };
+      const nestedCharges =
+        inner === undefined
+          ? undefined
+          : withIdempotency((request: Request) => routes(request, true), viewOptions(inner, view));
       const handler = withIdempotency(
         routes,
         viewOptions(options, (request: Request) => ({ headers: Object.fromEntries(request.headers) })),
@@ -82,6 +107,9 @@ export function webHarness(name: string): AdapterHarness {
           return await handler(request);
         } catch (error) {
           const { message, status } = error as Error & { status?: number };
+          // /bad-status: a hand-written error handler that answers a status no HTTP response can have.
+          if (new URL(request.url).pathname === '/bad-status')
+            return Response.json({ error: message }, { status: status ?? 1000 });
           return Response.json({ error: message }, { status: status ?? 500 });
         }
       };
@@ -89,4 +117,10 @@ export function webHarness(name: string): AdapterHarness {
       return serveTestApp(server, counted);
     },
   };
+  return harness;
 }
+
+/** A harness whose `create` also takes the options of a second registration on POST /charges. */
+type NestableHarness = AdapterHarness & {
+  create(options: TestAppOptions, inner?: TestAppOptions): Promise<TestApp>;
+};

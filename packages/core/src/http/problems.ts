@@ -11,6 +11,7 @@ export const PROBLEM_TYPES = {
   internal: 'https://oncely.dev/problems/internal-error',
   transactionFailed: 'https://oncely.dev/problems/transaction-failed',
   bodyUnreadable: 'https://oncely.dev/problems/body-unreadable',
+  conflictingRegistrations: 'https://oncely.dev/problems/conflicting-registrations',
 } as const;
 
 export interface ProblemDetails {
