@@ -69,7 +69,7 @@ describe('options are checked once, at construction', () => {
     expect(options).toEqual({ ttl: '1h', methods: ['post'], hooks: {} });
   });
 
-  test('defaults are those of contract §2', () => {
+  test('defaults are the documented ones', () => {
     const o = new Idempotency().options;
     expect(o.ttlMs).toBe(86_400_000);
     expect(o.lockTimeoutMs).toBe(30_000);
@@ -461,5 +461,67 @@ describe('Execution.abandon: the adapter lost track of a handler that may still 
     expect(replay.response.headers['access-control-allow-origin']).toBeUndefined();
     expect(replay.response.headers.vary).toBe('Origin, Accept');
     expect(replay.response.headers['content-type']).toBe('application/json');
+  });
+});
+
+describe('a scope value with a missing value in it', () => {
+  const scoped = (scope: (req: { user?: { id?: unknown } }) => string) =>
+    new Idempotency<{ user?: { id?: unknown } }>({ scope });
+  const request = (user?: { id?: unknown }) => ({ ...input('k1'), request: { user } });
+
+  test.each([
+    ['user:undefined', (req: { user?: { id?: unknown } }) => `user:${req.user?.id}`, undefined],
+    ['undefined', (req: { user?: { id?: unknown } }) => String(req.user?.id), undefined],
+    ['tenant:[object Object]', (req: { user?: { id?: unknown } }) => `tenant:${req.user?.id}`, { id: {} }],
+  ])('%p is refused with a 500 problem, never shared by every such request', async (_value, scope, user) => {
+    const engine = scoped(scope);
+    const decision = await engine.handle(request(user as { id?: unknown }));
+    expect(decision.action).toBe('respond');
+    if (decision.action === 'respond') expect(decision.response.status).toBe(500);
+  });
+
+  test.each(['user:42', 'tenant:undefinedness', 'anonymous', 'user:undefined_id'])(
+    '%p is a scope like any other',
+    async (value) => {
+      const engine = scoped(() => value);
+      expect((await engine.handle(request())).action).toBe('execute');
+    },
+  );
+});
+
+describe('replays', () => {
+  const stored = async (engine: Idempotency, key: string, headers: Record<string, string | string[]>) => {
+    const execution = expectExecute(await engine.handle(input(key)));
+    await execution.complete({ status: 201, headers, body: Buffer.from('{"id":1}') });
+  };
+
+  test('a header added to excludeHeaders after a record was stored is kept out of its replays', async () => {
+    const store = new MemoryStore();
+    await stored(new Idempotency({ store }), 'k1', { 'content-type': 'application/json', 'x-internal': 'a' });
+    const decision = await new Idempotency({ store, excludeHeaders: ['X-Internal'] }).handle(input('k1'));
+    if (decision.action !== 'respond') throw new Error('expected a replay');
+    expect(decision.replayed).toBe(true);
+    expect(decision.response.headers['x-internal']).toBeUndefined();
+    expect(decision.response.headers['content-type']).toBe('application/json');
+    // The engine that stored it still replays it.
+    const before = await new Idempotency({ store }).handle(input('k1'));
+    expect(before.action === 'respond' && before.response.headers['x-internal']).toBe('a');
+    await store.close();
+  });
+
+  test('a replay’s header arrays are its own: a receiver appending to one changes no later replay', async () => {
+    const store = new MemoryStore();
+    const engine = new Idempotency({ store });
+    await stored(engine, 'k1', { link: ['<a>', '<b>'] });
+    const first = await engine.handle(input('k1'));
+    if (first.action !== 'respond') throw new Error('expected a replay');
+    // What Node's res.appendHeader does to the array setHeader was given.
+    (first.response.headers.link as string[]).push('<c>');
+    first.response.body.fill(0);
+    const second = await engine.handle(input('k1'));
+    if (second.action !== 'respond') throw new Error('expected a replay');
+    expect(second.response.headers.link).toEqual(['<a>', '<b>']);
+    expect(Buffer.from(second.response.body).toString()).toBe('{"id":1}');
+    await store.close();
   });
 });

@@ -137,13 +137,14 @@ describe('MemoryStore specifics', () => {
     expect(perRecord).toBeLessThan(2 * Buffer.byteLength(text));
     const replay = await store.acquire('pool-1999', lock);
     expect(replay.status === 'completed' && Buffer.from(replay.response.body).toString()).toBe(text);
-    // A body that owns its buffer is kept as it is, and an empty one stays empty.
-    const own = new Uint8Array(Buffer.byteLength(text));
+    // A body that owns its buffer is copied too (its owner may reuse it), and an empty one stays empty.
+    const own = new Uint8Array(Buffer.byteLength(text)).fill(7);
     const r = await store.acquire('own', lock);
     if (r.status === 'acquired')
       await store.complete('own', r.token, { status: 200, headers: {}, body: own }, 60_000);
+    own.fill(8);
     const kept = await store.acquire('own', lock);
-    expect(kept.status === 'completed' && kept.response.body).toBe(own);
+    expect(kept.status === 'completed' && kept.response.body.every((byte) => byte === 7)).toBe(true);
     const e = await store.acquire('empty', lock);
     if (e.status === 'acquired') {
       await store.complete('empty', e.token, { status: 204, headers: {}, body: Buffer.from('') }, 60_000);
@@ -153,9 +154,58 @@ describe('MemoryStore specifics', () => {
     await store.close();
   });
 
+  test('memory held follows maxEntries: evicted and deleted records free their bodies before their ttl', async () => {
+    setFlagsFromString('--expose-gc');
+    const gc = runInNewContext('gc') as () => void;
+    const held = async () => {
+      gc();
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      gc();
+      return process.memoryUsage().arrayBuffers;
+    };
+    const store = new MemoryStore({ maxEntries: 10 });
+    const before = await held();
+    const body = () => new Uint8Array(100 * 1024).fill(1);
+    for (let i = 0; i < 1000; i++) {
+      const r = await store.acquire(`big-${i}`, lock);
+      if (r.status !== 'acquired') throw new Error('expected a new key');
+      await store.complete(`big-${i}`, r.token, { status: 200, headers: {}, body: body() }, 3_600_000);
+    }
+    expect(store.size).toBe(10);
+    // 10 records of 100 KiB live; before, every evicted body (about 98 MiB) stayed until its ttl.
+    expect((await held()) - before).toBeLessThan(4 * 1024 * 1024);
+    for (let i = 990; i < 1000; i++) expect(await store.delete(`big-${i}`)).toBe(true);
+    expect((await held()) - before).toBeLessThan(1024 * 1024);
+    await store.close();
+  });
+
+  test('leases follow a monotonic clock: a wall-clock step neither ends a live lease nor a record', async () => {
+    const store = new MemoryStore();
+    const r = await store.acquire('stepped', lock);
+    if (r.status !== 'acquired') throw new Error('expected a new key');
+    const done = await store.acquire('done', lock);
+    if (done.status === 'acquired') await store.complete('done', done.token, response, 60_000);
+    const wall = Date.now();
+    // NTP or a resumed VM moves the wall clock an hour ahead.
+    const now = jest.spyOn(Date, 'now').mockImplementation(() => wall + 3_600_000);
+    try {
+      expect((await store.acquire('stepped', lock)).status).toBe('in_progress');
+      expect((await store.acquire('done', lock)).status).toBe('completed');
+      expect(await store.renew('stepped', r.token, 30_000)).toBe(true);
+      // get() still answers in epoch milliseconds, on the (stepped) wall clock.
+      const record = await store.get('stepped');
+      expect(record?.lockExpiresAt).toBeGreaterThan(wall + 3_600_000 + 29_000);
+      expect(record?.lockExpiresAt).toBeLessThanOrEqual(wall + 3_600_000 + 30_001);
+      expect(await store.complete('stepped', r.token, response, 60_000)).toBe(true);
+    } finally {
+      now.mockRestore();
+    }
+    await store.close();
+  });
+
   test('options are validated with the option name in the error', () => {
     expect(() => new MemoryStore({ maxEntries: 0 })).toThrow(/maxEntries/);
-    expect(() => new MemoryStore({ sweepInterval: 'soon' })).toThrow(/sweepInterval/);
+    expect(() => new MemoryStore({ sweepInterval: 'soon' as never })).toThrow(/sweepInterval/);
   });
 });
 

@@ -49,6 +49,14 @@ describe('parseKey', () => {
     ['"\u00e9"', 'malformed-string'],
     ['k'.repeat(256), 'too-long'],
     ['x'.repeat(100_000), 'too-long'],
+    // Only SP and HTAB are trimmed: other whitespace, which String#trim() also drops, is refused.
+    ['abc\u00a0', 'not-visible-ascii'],
+    ['\u00a0abc', 'not-visible-ascii'],
+    ['abc\u000b', 'not-visible-ascii'],
+    ['\u000cabc', 'not-visible-ascii'],
+    ['abc\n', 'not-visible-ascii'],
+    ['\u2028abc', 'not-visible-ascii'],
+    ['\ufeff"abc"', 'not-visible-ascii'],
   ])('%p is refused as %p', (raw, problem) => {
     expect(parseKey(raw, 255)).toEqual({ problem });
   });

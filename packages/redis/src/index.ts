@@ -1,4 +1,4 @@
-import { randomUUID } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import type { Socket } from 'node:net';
 import {
   type AcquireOptions,
@@ -56,34 +56,48 @@ export interface RedisStoreOptions {
    * Confirm each reservation and each completion on `replicas` replicas (`WAIT`, sent in the same socket write as
    * the script call) before the engine acts on it, so that a failover cannot lose them: Redis replicates
    * asynchronously, and a promoted replica without them would let a retry run the handler again
-   * (docs/stores/redis.md, "Failover"). Fewer confirmations within `timeout`: a reservation fails as a store error
-   * (503, fail-closed, the lease released); a completion's response is still sent, and the store error is logged
-   * and reported (`onStoreError`). Keep `timeout` below the client's command timeout, and run at least
+   * (docs/stores/redis.md, "Failover"). Releases are confirmed too. Fewer confirmations within `timeout`: a
+   * reservation fails as a store error (503, fail-closed, the lease released); a completion's response is still
+   * sent, the store error is logged and reported (`onStoreError`, `onUnconfirmedWrite`), and the store re-sends the
+   * completion (or release) in the background until it is confirmed, for up to `lockTimeout`, so that a promoted
+   * replica that lacks it still gets it. Keep `timeout` below the client's command timeout, and run at least
    * `replicas + 1` replicas: after a failover the promoted one is a replica less, and with too few every reservation
    * fails. Standalone and Sentinel (ioredis) clients; refused with a Cluster. Default: off.
    */
   waitForReplicas?: { replicas: number; timeout: Duration };
 }
 
+/** How the re-sending of an unconfirmed completion or release ended (see `RedisReplicationError.confirmation`). */
+export type RedisConfirmationOutcome = 'confirmed' | 'lost' | 'gave_up';
+
 /**
- * Fewer replicas than `waitForReplicas.replicas` confirmed a reservation or a completion within its timeout. On
- * `complete`, `recordWritten` is true: the primary has the record, and only a failover before it replicates can
- * lose it.
+ * Fewer replicas than `waitForReplicas.replicas` confirmed a reservation, a completion or a release within its
+ * timeout. On `complete` and `release`, `recordWritten` is true when the primary has the write, false when the call
+ * failed without a reply (`cause`: a dropped connection, a timeout, a failover under way), so that it may or may not
+ * have run; either way the store re-sends it in the background until a `WAIT` confirms it (`confirmation` resolves
+ * `'confirmed'`), the key is no longer this owner's (`'lost'`), or the bound runs out (the longest `lockTimeout`
+ * after the write) or the store is closed (`'gave_up'`).
  */
 export class RedisReplicationError extends Error {
   override readonly name = 'RedisReplicationError';
   constructor(
-    readonly operation: 'acquire' | 'complete',
+    readonly operation: 'acquire' | 'complete' | 'release',
     readonly confirmed: number,
     readonly wanted: number,
     readonly recordWritten: boolean,
+    /** On `complete` and `release`: how the re-sending ended. Never rejects. */
+    readonly confirmation?: Promise<RedisConfirmationOutcome>,
+    options?: { cause?: unknown },
   ) {
+    const what =
+      operation === 'acquire' ? 'reservation' : operation === 'complete' ? 'completion' : 'release';
     super(
-      `oncely/redis: ${confirmed} of ${wanted} replica(s) confirmed the ${operation === 'acquire' ? 'reservation' : 'completion'} in time${
-        recordWritten
-          ? '; the response is stored on the primary, but a failover before it replicates would lose it'
-          : '; the reservation was released, nothing ran'
-      }.`,
+      operation === 'acquire'
+        ? `oncely/redis: ${confirmed} of ${wanted} replica(s) confirmed the reservation in time; the reservation was released, nothing ran.`
+        : recordWritten
+          ? `oncely/redis: ${confirmed} of ${wanted} replica(s) confirmed the ${what} in time; it is on the primary, and re-sent until replicas confirm it.`
+          : `oncely/redis: the ${what} failed without a reply (${(options?.cause as Error | undefined)?.message ?? 'unknown'}); it is re-sent until replicas confirm it.`,
+      options,
     );
   }
 }
@@ -99,6 +113,8 @@ export class RedisReplicationError extends Error {
 export class RedisStore implements IdempotencyStore {
   readonly #connection: RedisConnection;
   readonly #prefix: string;
+  /** Whether the prefix holds a whole hash tag (`{...}`), which then picks the slot of every key. */
+  readonly #prefixTagged: boolean;
   readonly #channel: string;
   #subscription: { ready: Promise<void>; close(): void } | undefined;
   #subscribed: Promise<void> | undefined;
@@ -107,6 +123,12 @@ export class RedisStore implements IdempotencyStore {
   readonly #coalesce: boolean;
   readonly #replication: { replicas: number; timeoutMs: number } | undefined;
   #pendingConfirmation: Promise<number> | undefined;
+  /**
+   * The longest lease this store has reserved with: how long an unconfirmed completion or release is re-sent. A
+   * promoted replica can hold the write's lease no longer than that after the write, so past it a re-send could not
+   * land where a retry would find it.
+   */
+  #longestLeaseMs = 0;
   /**
    * Whether acquire tries `SET ... NX GET` first. Not with `waitForReplicas`: the turn's WAIT goes out right behind
    * the SET, and a script sent after it (a lease found, a refused SET) would wait for the replicas before running,
@@ -135,6 +157,8 @@ export class RedisStore implements IdempotencyStore {
     if (typeof coalesce !== 'boolean')
       throw new TypeError('oncely/redis: option "coalesceWrites" must be true or false.');
     this.#prefix = prefix;
+    const open = prefix.indexOf('{');
+    this.#prefixTagged = open >= 0 && prefix.indexOf('}', open + 1) >= 0;
     this.#channel = `${prefix}completed`;
     this.#coalesce = coalesce;
     this.#replication = checkWaitForReplicas(options.waitForReplicas, this.#connection);
@@ -145,6 +169,7 @@ export class RedisStore implements IdempotencyStore {
     // The fencing token carries the fingerprint, which `complete` needs to build the completed record (scripts.ts).
     const token = randomUUID() + fingerprint;
     const record = `p${token}`;
+    if (lockTimeoutMs > this.#longestLeaseMs) this.#longestLeaseMs = lockTimeoutMs;
     let reply: unknown;
     let confirmation: Promise<number> | undefined;
     try {
@@ -184,16 +209,20 @@ export class RedisStore implements IdempotencyStore {
     const record = completedRecord(token.slice(TOKEN_ID_LENGTH), response, body);
     const args = [token, record, ttlMs, this.#channel];
     if (this.#replication === undefined) return parseFlag(await this.#run(SCRIPTS.complete, key, args));
-    const { replicas } = this.#replication;
-    const [reply, confirmation] = await this.#runConfirmed(SCRIPTS.complete, key, args, this.#replication);
-    if (!parseFlag(reply)) return false; // fenced: nothing written
-    const confirmed = await confirmation;
-    if (confirmed < replicas) throw new RedisReplicationError('complete', confirmed, replicas, true);
-    return true;
+    return this.#writeConfirmed(
+      'complete',
+      SCRIPTS.complete,
+      SCRIPTS.recomplete,
+      key,
+      args,
+      this.#replication,
+    );
   }
 
   async release(key: string, token: string): Promise<boolean> {
-    return parseFlag(await this.#run(SCRIPTS.release, key, [token, this.#channel]));
+    const args = [token, this.#channel];
+    if (this.#replication === undefined) return parseFlag(await this.#run(SCRIPTS.release, key, args));
+    return this.#writeConfirmed('release', SCRIPTS.release, SCRIPTS.rerelease, key, args, this.#replication);
   }
 
   async renew(key: string, token: string, lockTimeoutMs: number): Promise<boolean> {
@@ -220,7 +249,7 @@ export class RedisStore implements IdempotencyStore {
   }
 
   async delete(key: string): Promise<boolean> {
-    return (await this.#connection.del(this.#prefix + key)) === 1;
+    return (await this.#connection.del(this.#redisKey(key))) === 1;
   }
 
   /**
@@ -240,7 +269,7 @@ export class RedisStore implements IdempotencyStore {
     const woken = new Promise<void>((resolve) => {
       wake = resolve;
     });
-    const redisKey = this.#prefix + key;
+    const redisKey = this.#redisKey(key);
     let waiters = this.#waiters.get(redisKey);
     if (waiters === undefined) {
       waiters = new Set();
@@ -288,7 +317,7 @@ export class RedisStore implements IdempotencyStore {
     args: ScriptArgument[],
     replication: { replicas: number; timeoutMs: number },
   ): Promise<[unknown, Promise<number>]> {
-    const redisKey = this.#prefix + key;
+    const redisKey = this.#redisKey(key);
     if (this.#coalesce && this.#corked === undefined) this.#cork();
     const reply = this.#connection.evalsha(script.sha, redisKey, args);
     const confirmed = this.#confirmation(replication);
@@ -302,6 +331,70 @@ export class RedisStore implements IdempotencyStore {
   }
 
   /**
+   * A completion or a release, confirmed by the turn's WAIT. Resolves false if fenced (nothing written), true once
+   * confirmed. Written but not confirmed in time (the replicas lag, or a partition cut them off), or failed without
+   * a reply: the write stays with its execution, since it is all a promoted replica would lack. It throws a
+   * `RedisReplicationError` (the engine still answers: the response was in hand) whose `confirmation` is the
+   * re-sending, in the background, of the same write for the same token (`resend`, which also accepts the write
+   * already done) until a WAIT confirms it.
+   */
+  async #writeConfirmed(
+    operation: 'complete' | 'release',
+    script: Script,
+    resend: Script,
+    key: string,
+    args: ScriptArgument[],
+    replication: { replicas: number; timeoutMs: number },
+  ): Promise<boolean> {
+    let reply: unknown;
+    let confirmation: Promise<number>;
+    try {
+      [reply, confirmation] = await this.#runConfirmed(script, key, args, replication);
+    } catch (error) {
+      // No reply (a dropped connection, a timeout, a failover under way, a node no longer primary): the write may
+      // have run or not. The re-send takes either state, and the lease is still this owner's on whichever node
+      // will be primary.
+      const resending = this.#resend(resend, key, args, replication);
+      throw new RedisReplicationError(operation, 0, replication.replicas, false, resending, { cause: error });
+    }
+    if (!parseFlag(reply)) return false; // fenced: nothing written
+    // A WAIT that failed (its connection dropped) confirmed nothing either.
+    const confirmed = await confirmation.catch(() => 0);
+    if (confirmed >= replication.replicas) return true;
+    const resending = this.#resend(resend, key, args, replication);
+    throw new RedisReplicationError(operation, confirmed, replication.replicas, true, resending);
+  }
+
+  /**
+   * Re-sends an unconfirmed write, with its WAIT, at growing intervals (0.1 s, 0.2 s... up to 1 s) until a WAIT
+   * confirms it, the script finds the key no longer this owner's, or the longest lease has passed or the store is
+   * closed. A failed try (the primary down, a failover under way, a READONLY node) is tried again: once the client
+   * follows the failover, the re-send lands on the promoted node, where the lease of this token still holds the key.
+   */
+  async #resend(
+    script: Script,
+    key: string,
+    args: ScriptArgument[],
+    replication: { replicas: number; timeoutMs: number },
+  ): Promise<RedisConfirmationOutcome> {
+    const until = performance.now() + (this.#longestLeaseMs || DEFAULT_LEASE_MS);
+    let delayMs = RESEND_FIRST_DELAY_MS;
+    for (;;) {
+      await new Promise<void>((resolve) => setTimeout(resolve, delayMs).unref());
+      if (this.#closed) return 'gave_up';
+      delayMs = Math.min(delayMs * 2, RESEND_MAX_DELAY_MS);
+      try {
+        const [reply, confirmation] = await this.#runConfirmed(script, key, args, replication);
+        if (!parseFlag(reply)) return 'lost';
+        if ((await confirmation) >= replication.replicas) return 'confirmed';
+      } catch {
+        // Not reached, or not confirmed: try again.
+      }
+      if (performance.now() >= until) return 'gave_up';
+    }
+  }
+
+  /**
    * Acquire's fast path, without a script: `SET key record PX lockTimeout NX GET` reserves a free key or reads a
    * completed record, in one command that costs Redis less than half of the script's CPU (docs/stores/redis.md).
    * Resolves the script's reply for those two cases, or undefined where the script must decide: a live lease (the
@@ -310,7 +403,7 @@ export class RedisStore implements IdempotencyStore {
    * that is not Redis's reply (a timeout, a closed connection) is thrown: the SET may have run.
    */
   async #reserve(key: string, record: string, lockTimeoutMs: number): Promise<unknown> {
-    const redisKey = this.#prefix + key;
+    const redisKey = this.#redisKey(key);
     if (this.#coalesce && this.#corked === undefined) this.#cork();
     try {
       return parseReserve(await this.#connection.reserve(redisKey, record, lockTimeoutMs));
@@ -381,8 +474,22 @@ export class RedisStore implements IdempotencyStore {
     setImmediate(this.#uncork);
   }
 
+  /**
+   * The Redis key of a store key: the prefix, then the key. Redis Cluster hashes only what a key's first `{...}`
+   * holds, so a client's key such as `{x}1` would pick the slot, and one client could put all its records on one
+   * shard. A key holding a brace (or a `}` after a prefix's open `{`) gets a tag of its own first, a digest of the
+   * whole key, which spreads such keys as other keys spread; other keys, every key a well-behaved client sends,
+   * keep the layout they had. One-to-one: a tagged key has a `{` right after the prefix, an untagged one none. (Not an
+   * empty `{}`: Redis hashes the whole key then, but cluster-key-slot, which ioredis and node-redis use, reads on.)
+   */
+  #redisKey(key: string): string {
+    if (this.#prefixTagged || (!key.includes('{') && !(key.includes('}') && this.#prefix.includes('{'))))
+      return this.#prefix + key;
+    return `${this.#prefix}{${createHash('sha256').update(key).digest('base64url').slice(0, 12)}}${key}`;
+  }
+
   async #run(script: Script, key: string, args: ScriptArgument[]): Promise<unknown> {
-    const redisKey = this.#prefix + key;
+    const redisKey = this.#redisKey(key);
     if (this.#coalesce && this.#corked === undefined) this.#cork();
     try {
       return await this.#connection.evalsha(script.sha, redisKey, args);
@@ -393,6 +500,13 @@ export class RedisStore implements IdempotencyStore {
     }
   }
 }
+
+/** The re-sending's bound for a store that has not reserved yet (a completion for a key another store took). */
+const DEFAULT_LEASE_MS = 30_000;
+
+/** The first and the longest pause between two re-sends of an unconfirmed write. */
+const RESEND_FIRST_DELAY_MS = 100;
+const RESEND_MAX_DELAY_MS = 1000;
 
 /** A `randomUUID()`: the fencing token is one followed by the fingerprint. */
 const TOKEN_ID_LENGTH = 36;

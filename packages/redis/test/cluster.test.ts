@@ -47,6 +47,30 @@ test('records spread over all three masters (so the suites above really crossed 
   }
 });
 
+test("a hash tag in a client's key does not pick the slot: one client's records still spread over the masters", async () => {
+  const client = new Cluster(cluster.nodes, { redisOptions: { maxRetriesPerRequest: 1 } });
+  try {
+    const prefix = `tagged-${Math.random().toString(36).slice(2)}:`;
+    const store = new RedisStore({ client, prefix });
+    const lock = { fingerprint: 'f', lockTimeoutMs: 30_000 };
+    // Scoped and unscoped keys, each with a `{...}` that Redis Cluster would hash alone.
+    const keys = Array.from({ length: 60 }, (_, i) => (i % 2 === 0 ? `{one}k${i}` : `user-1 {one}k${i}`));
+    for (const key of keys) expect((await store.acquire(key, lock)).status).toBe('acquired');
+    const perMaster = await Promise.all(client.nodes('master').map((node) => node.keys(`${prefix}*`)));
+    expect(perMaster).toHaveLength(3);
+    for (const held of perMaster) expect(held.length).toBeGreaterThan(0);
+    // Each is still one record: its owner completes it and a retry replays it.
+    const done = await store.acquire('{one}done', lock);
+    if (done.status !== 'acquired') throw new Error('expected a new key');
+    const response = { status: 201, headers: {}, body: Buffer.from('ok') };
+    expect(await store.complete('{one}done', done.token, response, 60_000)).toBe(true);
+    const replay = await store.acquire('{one}done', lock);
+    expect(replay.status === 'completed' && Buffer.from(replay.response.body).toString()).toBe('ok');
+  } finally {
+    await client.quit();
+  }
+});
+
 describe.each([
   ['ioredis 5', Cluster],
   ['ioredis 6', Cluster6],

@@ -1,6 +1,12 @@
 import { asStoredFingerprint, hasLoneSurrogate } from '../shared/checks';
 import { type Logger, silentLogger } from '../shared/logger';
-import { type DecisionEvent, type DecisionOutcome, observedStore } from '../shared/observe';
+import {
+  type DecisionEvent,
+  type DecisionOutcome,
+  followConfirmation,
+  observedStore,
+} from '../shared/observe';
+import { errorText, tell, tellHookThrew, type WarningCode } from '../shared/warnings';
 import type {
   AcquireResult,
   IdempotencyStore,
@@ -60,7 +66,8 @@ export type HttpDecision =
 
 const PASS: HttpDecision = { action: 'pass' };
 
-const UNSCOPED_DOCS = 'https://oncely.dev/docs/security#always-set-scope-on-an-authenticated-api';
+const UNSCOPED_DOCS =
+  'https://github.com/oncely/oncely/blob/main/docs/security.md#always-set-scope-on-an-authenticated-api';
 
 // Marks a stored response whose body outgrew maxBodyBytes: only its status is kept, and its replay is a 410.
 const OMITTED_BODY_HEADER = 'x-oncely-body-omitted';
@@ -81,7 +88,15 @@ export class Idempotency<Req = unknown> {
   readonly options: ResolvedOptions<Req>;
   // Shared with the engines made by with(), so a plugin and its routes warn once between them.
   readonly #unscopedWarning: { given: boolean };
+  // The process warnings already emitted (without a logger), shared with with() copies too: said once each.
+  readonly #warned: Set<WarningCode>;
   #unparsedBodyWarned = false;
+  /**
+   * Replay headers built once per stored headers object (a MemoryStore hands out the same one on every replay), per
+   * engine since its `excludeHeaders` filter them. The copy of the headers it saves was 6% of a Fastify +
+   * MemoryStore replay profile; stores that deserialise a fresh object per read pay one WeakMap insert.
+   */
+  readonly #replays = new WeakMap<object, ReplayTemplate>();
   /**
    * @internal The store as the engine calls it: `options.store` itself, or, with an `onStoreOperation` hook, a
    * wrapper timing each operation (shared/observe.ts).
@@ -95,6 +110,7 @@ export class Idempotency<Req = unknown> {
   ) {
     this.options = resolveOptions(options, base?.options, extraKnownOptions);
     this.#unscopedWarning = base === undefined ? { given: false } : base.#unscopedWarning;
+    this.#warned = base === undefined ? new Set() : base.#warned;
     const log = this.options.logger ?? silentLogger;
     this.observedStore = observedStore(this.options.store, 'http', this.options.hooks, (event) =>
       this.#hook('onStoreOperation', event, log),
@@ -126,9 +142,13 @@ export class Idempotency<Req = unknown> {
       return;
     }
     this.#unparsedBodyWarned = true;
-    this.options.logger?.warn(
+    tell(
+      this.options.logger ?? silentLogger,
+      'warn',
+      'ONCELY_BODY_NOT_PARSED',
       {},
-      `oncely: the request body was not parsed, so the fingerprint ignores it; mount ${parser} before idempotency()`,
+      `oncely: the request body was not parsed, so the fingerprint ignores it and a key reused with another body is replayed instead of refused (422); mount ${parser} before idempotency()`,
+      this.#warned,
     );
   }
 
@@ -188,6 +208,11 @@ export class Idempotency<Req = unknown> {
             'scope() returned a string with a lone surrogate (not well-formed Unicode), which a store keeping UTF-8 would confuse with another scope',
           );
         }
+        if (looksUnset(scope)) {
+          throw new TypeError(
+            `scope() returned ${JSON.stringify(scope.length > 80 ? `${scope.slice(0, 80)}…` : scope)}, which holds what a template literal makes of a missing value (undefined, or an object): every request without it would share one scope. Give those requests a scope of their own (req.user ? \`user:\${req.user.id}\` : 'anonymous') or make the scope function throw`,
+          );
+        }
         key = `${scope} ${clientKey}`;
       }
       fingerprint =
@@ -238,7 +263,7 @@ export class Idempotency<Req = unknown> {
             return this.#mismatch(key, log, waitStart);
           this.#hook('onHit', { key }, log);
           this.#decided('replayed', key, waitStart, log);
-          return { action: 'respond', response: replayOf(result.response), replayed: true };
+          return { action: 'respond', response: this.#replayOf(result.response), replayed: true };
         case 'in_progress': {
           if (o.fingerprint !== false && result.fingerprint !== fingerprint)
             return this.#mismatch(key, log, waitStart);
@@ -282,6 +307,30 @@ export class Idempotency<Req = unknown> {
   }
 
   /**
+   * The answer replaying a stored response: its headers less those `excludeHeaders` names now (a name added after
+   * the record was stored is kept out of its replays too), with `content-length` and the replay marker. Arrays are
+   * copied per replay: Node keeps the array `setHeader` got, and `appendHeader` pushes into it.
+   */
+  #replayOf(stored: StoredResponse): StoredResponse {
+    if (stored.headers[OMITTED_BODY_HEADER] !== undefined) return omittedReplay(stored.status);
+    let template = this.#replays.get(stored.headers);
+    // A store may share one headers object between records (an empty one, say): check what depends on the record.
+    if (
+      template === undefined ||
+      template.status !== stored.status ||
+      template.length !== stored.body.byteLength
+    ) {
+      template = buildReplay(stored, this.options.excludedHeaders);
+      this.#replays.set(stored.headers, template);
+    }
+    return {
+      status: stored.status,
+      headers: template.arrays ? copyArrays(template.headers) : template.headers,
+      body: stored.body,
+    };
+  }
+
+  /**
    * A request with credentials on an engine without `scope`: the record its key names is shared by every caller,
    * so another user sending the same key gets this one's response. Said once per engine (and its with() copies).
    */
@@ -295,11 +344,7 @@ export class Idempotency<Req = unknown> {
     if (header === undefined) return;
     this.#unscopedWarning.given = true;
     const message = `oncely: a request with ${header === 'authorization' ? 'an Authorization' : 'a Cookie'} header is covered without a scope, so every caller shares one key space and a caller sending another's key gets that caller's stored response; set scope to the authenticated identity (scope: (req) => req.user.id, or scopeByHeader('authorization', { secret }) for API keys), or scope: false if one key space is intended. Said once. ${UNSCOPED_DOCS}`;
-    // Without a logger (Express's default) a log line would go nowhere, and this one must be seen: a process
-    // warning goes to stderr unless the application routes warnings elsewhere.
-    if (log === silentLogger && typeof globalThis.process?.emitWarning === 'function') {
-      process.emitWarning(message, { code: 'ONCELY_UNSCOPED_CREDENTIALS' });
-    } else log.warn({ header, docs: UNSCOPED_DOCS }, message);
+    tell(log, 'warn', 'ONCELY_UNSCOPED_CREDENTIALS', { header, docs: UNSCOPED_DOCS }, message, this.#warned);
     this.#hook('onUnscopedCredentials', { header }, log);
   }
 
@@ -336,7 +381,7 @@ export class Idempotency<Req = unknown> {
     try {
       hook(event);
     } catch (error) {
-      log.error({ err: error, hook: name }, 'oncely: a hook threw; ignored');
+      tellHookThrew(log, name, error, this.#warned);
     }
   }
 
@@ -388,6 +433,20 @@ export class Idempotency<Req = unknown> {
     );
   }
 
+  /** A store outage is logged each time; without a logger it is a process warning, once, with the store's error. */
+  #storeUnavailable(log: Logger, level: 'warn' | 'error', error: unknown, key: string, what: string): void {
+    tell(
+      log,
+      level,
+      'ONCELY_STORE_UNAVAILABLE',
+      { err: error, key },
+      log === silentLogger
+        ? `oncely: ${what}: ${errorText(error)}. Said once; give a logger to see each.`
+        : `oncely: ${what}`,
+      this.#warned,
+    );
+  }
+
   #storeDown(
     key: string,
     error: unknown,
@@ -398,13 +457,16 @@ export class Idempotency<Req = unknown> {
     this.#hook('onStoreError', { key, operation: 'acquire', error }, log);
     this.#decided('store_error', key, waitStart, log);
     if (this.options.failOpen) {
-      log.warn(
-        { err: error, key },
-        'oncely: store unavailable; running the handler WITHOUT idempotency protection (fail-open)',
+      this.#storeUnavailable(
+        log,
+        'warn',
+        error,
+        key,
+        'store unavailable; running the handler WITHOUT idempotency protection (fail-open)',
       );
       return { action: 'execute', execution: new Execution(this, key, clientKey, undefined, log) };
     }
-    log.error({ err: error, key }, 'oncely: store unavailable; answering 503 (fail-closed)');
+    this.#storeUnavailable(log, 'error', error, key, 'store unavailable; answering 503 (fail-closed)');
     return this.#problem(
       503,
       'storeUnavailable',
@@ -490,11 +552,30 @@ export class Execution {
   async complete(captured: CapturedResponse): Promise<StoredResponse | undefined> {
     if (this.#settle() || this.#token === undefined) return undefined;
     const o = this.#engine.options;
-    if (!o.cacheable(captured.status)) {
+    let cacheable: boolean;
+    let headers: Record<string, string | string[]>;
+    try {
+      if (!isValidStatus(captured.status)) {
+        throw new RangeError(
+          `the response status ${String(captured.status)} is not an HTTP status (an integer from 100 to 999)`,
+        );
+      }
+      cacheable = o.cacheable(captured.status);
+      headers = cacheable ? storableHeaders(captured.headers, o.excludedHeaders, this.#headersBefore) : {};
+    } catch (error) {
+      // A bug in the app (an invalid status, a `cacheable` that throws): the request failed, as if the handler had
+      // thrown; the captured answer is replaced by a 500, since nothing vouches for it.
+      this.#log.error(
+        { err: error, key: this.key, status: captured.status },
+        'oncely: the response could not be judged (invalid status, or cacheable threw); answering 500 and releasing the key',
+      );
+      await this.#release('error');
+      return internalErrorResponse();
+    }
+    if (!cacheable) {
       await this.#release('not-cacheable', captured.status);
       return undefined;
     }
-    const headers = storableHeaders(captured.headers, o.excludedHeaders, this.#headersBefore);
     let body = captured.body;
     if (body === undefined) {
       headers[OMITTED_BODY_HEADER] = '1';
@@ -512,12 +593,16 @@ export class Execution {
       else this.#fenced('complete');
     } catch (error) {
       this.#engine.hook('onStoreError', { key: this.key, operation: 'complete', error }, this.#log);
+      // A store may go on writing and confirming the record in the background (RedisStore's waitForReplicas): the
+      // response is sent now all the same, as it would be after any failed completion.
+      const confirming = this.#followConfirmation('complete', error);
       this.#log.error(
         { err: error, key: this.key },
-        // A store may have written the record and failed only to confirm it (RedisStore's waitForReplicas).
-        (error as { recordWritten?: unknown } | null)?.recordWritten === true
-          ? 'oncely: the response was stored but its durability was not confirmed; a failover before it replicates would let a retry run the handler again'
-          : 'oncely: could not store the response; a retry after the lease ends will run the handler again',
+        confirming
+          ? 'oncely: the store could not confirm that its replicas have the response (not confirmed in time, or no reply); it re-sends it until they do'
+          : (error as { recordWritten?: unknown } | null)?.recordWritten === true
+            ? 'oncely: the response was stored but its durability was not confirmed; a failover before it replicates would let a retry run the handler again'
+            : 'oncely: could not store the response; a retry after the lease ends will run the handler again',
       );
     }
     return undefined;
@@ -547,6 +632,33 @@ export class Execution {
       },
       { 'retry-after': '1' },
     );
+  }
+
+  /**
+   * The response's connection closed before the response was complete (the client left mid-response, a pipe into
+   * it broke), after the handler had begun its answer and without an error. The one decision for every adapter:
+   * the handler ran, so the request is recorded as executed without a body (a retry gets a 410 and never runs it
+   * again), and the lease is no longer renewed. Never rejects.
+   */
+  async endedEarly(status: number, headers: Readonly<Record<string, OutgoingHeaderValue>>): Promise<void> {
+    if (this.#settled) return;
+    this.#log.debug(
+      { key: this.key },
+      'oncely: the response ended before it was complete; recorded as executed (a retry gets a 410)',
+    );
+    await this.complete({ status, headers, body: undefined });
+  }
+
+  /**
+   * The adapter could not send the answer (the framework threw while writing it): the connection is closed by the
+   * adapter, and the key is released unless the response was stored already. Logs one error line.
+   */
+  async sendFailed(error: unknown): Promise<void> {
+    this.#log.error(
+      { err: error, key: this.key },
+      'oncely: the response could not be sent; the connection was closed',
+    );
+    await this.fail(error);
   }
 
   /** The handler threw (or the framework routed an error): release the key so a retry runs again. */
@@ -632,9 +744,23 @@ export class Execution {
       this.#engine.hook('onStoreError', { key: this.key, operation: 'release', error }, this.#log);
       this.#log.error(
         { err: error, key: this.key },
-        'oncely: could not release the key; it frees itself when its lease ends',
+        this.#followConfirmation('release', error)
+          ? 'oncely: the store could not confirm that its replicas have the release (not confirmed in time, or no reply); it re-sends it until they do'
+          : 'oncely: could not release the key; it frees itself when its lease ends',
       );
     }
+  }
+
+  /** Reports a write the store is still confirming to `onUnconfirmedWrite`, now and when it ends; false if not one. */
+  #followConfirmation(operation: 'complete' | 'release', error: unknown): boolean {
+    const engine = this.#engine;
+    const log = this.#log;
+    return followConfirmation(
+      error,
+      { adapter: 'http', key: this.key, operation },
+      (event) => engine.hook('onUnconfirmedWrite', event, log),
+      log,
+    );
   }
 
   #fenced(operation: 'complete' | 'release' | 'renew'): void {
@@ -671,47 +797,75 @@ export class Execution {
 
 const EMPTY = new Uint8Array(0);
 
-// A MemoryStore hands back the same stored object on every replay: build its answer once. The copy of the
-// headers it saves was 6% of a Fastify + MemoryStore replay profile (docs/benchmarks.md). Stores that
-// deserialise a fresh object per read get no hit and pay one WeakMap insert.
-const replays = new WeakMap<StoredResponse, StoredResponse>();
-
-function replayOf(stored: StoredResponse): StoredResponse {
-  let replay = replays.get(stored);
-  if (replay === undefined) {
-    replay = buildReplay(stored);
-    replays.set(stored, replay);
-  }
-  return replay;
+/** What Node's `writeHead` accepts as a status (it throws ERR_HTTP_INVALID_STATUS_CODE for anything else). */
+function isValidStatus(status: unknown): status is number {
+  return typeof status === 'number' && Number.isInteger(status) && status >= 100 && status <= 999;
 }
 
-function buildReplay(stored: StoredResponse): StoredResponse {
-  if (stored.headers[OMITTED_BODY_HEADER] !== undefined) {
-    const response = problemResponse(
-      {
-        type: PROBLEM_TYPES.responseNotStored,
-        title: 'Response not stored',
-        status: 410,
-        detail: `The request with this idempotency key was executed (status ${stored.status}), but its response was not kept (larger than maxBodyBytes, or written outside oncely). It will not be executed again.`,
-        originalStatus: stored.status,
-      },
-      { 'idempotent-replayed': 'true' },
-    );
-    return response;
+function internalErrorResponse(): StoredResponse {
+  return problemResponse({
+    type: PROBLEM_TYPES.internal,
+    title: 'Internal server error',
+    status: 500,
+    detail: 'The response could not be completed. Retry with the same key.',
+  });
+}
+
+interface ReplayTemplate {
+  status: number;
+  /** Body length the headers' `content-length` was built for. */
+  length: number;
+  headers: Record<string, string | string[]>;
+  /** Whether a header value is an array (copied per replay). */
+  arrays: boolean;
+}
+
+function buildReplay(stored: StoredResponse, excluded: ReadonlySet<string>): ReplayTemplate {
+  const headers: Record<string, string | string[]> = {};
+  let arrays = false;
+  for (const name in stored.headers) {
+    if (excluded.has(name) || name.startsWith('proxy-')) continue;
+    const value = stored.headers[name] as string | string[];
+    if (typeof value !== 'string') arrays = true;
+    headers[name] = value;
   }
   // 1xx, 204 and 304 responses carry no body and must not carry Content-Length (RFC 9110 §8.6).
   const bodiless = stored.status < 200 || stored.status === 204 || stored.status === 304;
-  return {
-    status: stored.status,
-    headers: bodiless
-      ? { ...stored.headers, 'idempotent-replayed': 'true' }
-      : {
-          ...stored.headers,
-          'content-length': String(stored.body.byteLength),
-          'idempotent-replayed': 'true',
-        },
-    body: stored.body,
-  };
+  if (!bodiless) headers['content-length'] = String(stored.body.byteLength);
+  headers['idempotent-replayed'] = 'true';
+  return { status: stored.status, length: stored.body.byteLength, headers, arrays };
+}
+
+function copyArrays(headers: Record<string, string | string[]>): Record<string, string | string[]> {
+  const copy: Record<string, string | string[]> = {};
+  for (const name in headers) {
+    const value = headers[name] as string | string[];
+    copy[name] = typeof value === 'string' ? value : [...value];
+  }
+  return copy;
+}
+
+function omittedReplay(status: number): StoredResponse {
+  return problemResponse(
+    {
+      type: PROBLEM_TYPES.responseNotStored,
+      title: 'Response not stored',
+      status: 410,
+      detail: `The request with this idempotency key was executed (status ${status}), but its response was not kept (larger than maxBodyBytes, or written outside oncely). It will not be executed again.`,
+      originalStatus: status,
+    },
+    { 'idempotent-replayed': 'true' },
+  );
+}
+
+const UNSET_IN_SCOPE = /(?:^|[^\w$])undefined(?![\w$])|\[object \w*\]/;
+
+/**
+ * Whether a scope holds `undefined` as a word, or `[object Object]`: what `user:${req.user?.id}` gives a request
+ * without a user, which would put every such request in one scope. A cheap `includes` first: scopes rarely match.
+ */
+function looksUnset(scope: string): boolean {
+  return (scope.includes('undefined') || scope.includes('[object ')) && UNSET_IN_SCOPE.test(scope);
 }
 
 function sleep(ms: number): Promise<void> {

@@ -16,7 +16,7 @@ export function parseKey(
   if (typeof raw !== 'string') return { problem: 'multiple-values' };
   // Cheap bound before any work: a quoted key can at most double in size through escapes.
   if (raw.length > 2 * maxLength + 16) return { problem: 'too-long' };
-  let key = raw.trim();
+  let key = trimOws(raw);
   if (key.charCodeAt(0) === 34 /* " */) {
     const unquoted = unquote(key);
     if (unquoted === undefined) return { problem: 'malformed-string' };
@@ -26,6 +26,22 @@ export function parseKey(
   if (key.length > maxLength) return { problem: 'too-long' };
   if (!VISIBLE_ASCII.test(key)) return { problem: 'not-visible-ascii' };
   return key;
+}
+
+/**
+ * Drops the optional whitespace around a field value (SP and HTAB, RFC 9110 §5.6.3), and nothing else: `trim()`
+ * also drops NBSP, vertical tab and Unicode spaces, which would turn a refused key into an accepted one.
+ */
+function trimOws(value: string): string {
+  let start = 0;
+  let end = value.length;
+  while (start < end && isOws(value.charCodeAt(start))) start++;
+  while (end > start && isOws(value.charCodeAt(end - 1))) end--;
+  return start === 0 && end === value.length ? value : value.slice(start, end);
+}
+
+function isOws(code: number): boolean {
+  return code === 0x20 || code === 0x09;
 }
 
 /** RFC 8941 §4.2.5 sf-string parsing; `undefined` when the value is not exactly one well-formed string. */
