@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { consumerRuntime } from '@oncely/core';
 import { Kafka, type KafkaMessage } from 'kafkajs';
-import { chargeCard, type Order, store } from './app';
+import { chargeCard, type Order, store } from './app.js';
 
 const kafka = new Kafka({ clientId: 'charger', brokers: ['localhost:9092'] });
 const consumer = kafka.consumer({ groupId: 'charger' });

@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { ChangeMessageVisibilityCommand, SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
 import { consumerRuntime } from '@oncely/core';
 import type { SQSBatchItemFailure, SQSBatchResponse, SQSEvent, SQSRecord } from 'aws-lambda';
-import { chargeCard, type Order, store } from './app';
+import { chargeCard, type Order, store } from './app.js';
 
 const sqs = new SQSClient({});
 const runtime = consumerRuntime<SQSRecord>(
