@@ -9,6 +9,7 @@ import {
   OBSERVERS,
   type StoreOperation,
   type StoreOperationEvent,
+  type UnconfirmedWriteEvent,
 } from '@oncely/core';
 import {
   type Attributes,
@@ -35,6 +36,7 @@ export const METRICS = {
   storeDuration: 'oncely.store.operation.duration',
   waitDuration: 'oncely.wait.duration',
   activeExecutions: 'oncely.executions.active',
+  unconfirmedWrites: 'oncely.store.unconfirmed_writes',
 } as const;
 
 /** Attribute names used on metrics and spans. None ever carries a key, a scope or anything from a request body. */
@@ -45,6 +47,8 @@ export const ATTRIBUTES = {
   storeOperation: 'oncely.store.operation',
   storeResult: 'oncely.store.result',
   storeKind: 'oncely.store.kind',
+  /** On `oncely.store.unconfirmed_writes`: `unconfirmed`, then how it ended (`confirmed`, `lost`, `gave_up`). */
+  unconfirmedOutcome: 'oncely.unconfirmed.outcome',
   /**
    * OpenTelemetry's own `error.type`, set on a store operation's duration and span only when it failed: the class
    * name of what the store threw, or `_OTHER`.
@@ -93,6 +97,13 @@ const OUTCOMES: readonly OtelOutcome[] = [
 ];
 const ADAPTERS: readonly AdapterKind[] = ['http', 'consumer'];
 const STORE_OPERATIONS: readonly StoreOperation[] = ['acquire', 'complete', 'release', 'renew'];
+const UNCONFIRMED_OPERATIONS: readonly UnconfirmedWriteEvent['operation'][] = ['complete', 'release'];
+const UNCONFIRMED_OUTCOMES: readonly UnconfirmedWriteEvent['outcome'][] = [
+  'unconfirmed',
+  'confirmed',
+  'lost',
+  'gave_up',
+];
 
 const KNOWN_OPTIONS = new Set(['meterProvider', 'tracerProvider', 'metrics', 'traces', 'hooks']);
 
@@ -111,6 +122,12 @@ interface Instruments {
   seen: Record<AdapterKind, boolean>;
   storeDuration: Histogram;
   waitDuration: Histogram;
+  /** Unconfirmed writes by adapter, operation and outcome; reported once one was seen (a rare event). */
+  unconfirmed: Record<
+    AdapterKind,
+    Record<'complete' | 'release', Record<UnconfirmedWriteEvent['outcome'], number>>
+  >;
+  unconfirmedSeen: boolean;
 }
 
 const instrumentsByMeter = new WeakMap<Meter, Instruments>();
@@ -120,6 +137,17 @@ const DECISION_ATTRIBUTES = table(ADAPTERS, (adapter) =>
   table(OUTCOMES, (outcome) => freeze({ [ATTRIBUTES.outcome]: outcome, [ATTRIBUTES.adapter]: adapter })),
 );
 const ADAPTER_ATTRIBUTES = table(ADAPTERS, (adapter) => freeze({ [ATTRIBUTES.adapter]: adapter }));
+const UNCONFIRMED_ATTRIBUTES = table(ADAPTERS, (adapter) =>
+  table(UNCONFIRMED_OPERATIONS, (operation) =>
+    table(UNCONFIRMED_OUTCOMES, (outcome) =>
+      freeze({
+        [ATTRIBUTES.adapter]: adapter,
+        [ATTRIBUTES.storeOperation]: operation,
+        [ATTRIBUTES.unconfirmedOutcome]: outcome,
+      }),
+    ),
+  ),
+);
 
 function instrumentsOf(meter: Meter): Instruments {
   const existing = instrumentsByMeter.get(meter);
@@ -138,6 +166,10 @@ function instrumentsOf(meter: Meter): Instruments {
       unit: 's',
       advice: { explicitBucketBoundaries: WAIT_BUCKETS },
     }),
+    unconfirmed: table(ADAPTERS, () =>
+      table(UNCONFIRMED_OPERATIONS, () => table(UNCONFIRMED_OUTCOMES, () => 0)),
+    ),
+    unconfirmedSeen: false,
   };
   meter
     .createObservableCounter(METRICS.decisions, {
@@ -162,6 +194,22 @@ function instrumentsOf(meter: Meter): Instruments {
         if (instruments.seen[adapter])
           result.observe(instruments.active[adapter], ADAPTER_ATTRIBUTES[adapter]);
       }
+    });
+  meter
+    .createObservableCounter(METRICS.unconfirmedWrites, {
+      description:
+        'Completions and releases the store wrote but its replicas did not confirm in time (outcome unconfirmed), and how each ended (confirmed, lost, gave_up)',
+      unit: '{write}',
+    })
+    .addCallback((result) => {
+      if (!instruments.unconfirmedSeen) return;
+      for (const adapter of ADAPTERS)
+        for (const operation of UNCONFIRMED_OPERATIONS)
+          for (const outcome of UNCONFIRMED_OUTCOMES)
+            result.observe(
+              instruments.unconfirmed[adapter][operation][outcome],
+              UNCONFIRMED_ATTRIBUTES[adapter][operation][outcome],
+            );
     });
   instrumentsByMeter.set(meter, instruments);
   return instruments;
@@ -331,6 +379,24 @@ function buildHooks(o: Checked): IdempotencyHooks {
       if (o.traces) {
         const span = trace.getActiveSpan();
         if (span?.isRecording()) span.addEvent('oncely.released', { 'oncely.release.reason': event.reason });
+      }
+    },
+    onUnconfirmedWrite(event: UnconfirmedWriteEvent) {
+      if (o.metrics) {
+        const i = get();
+        const byOutcome = i.unconfirmed[event.adapter]?.[event.operation];
+        if (byOutcome !== undefined && event.outcome in byOutcome) {
+          i.unconfirmedSeen = true;
+          byOutcome[event.outcome]++;
+        }
+      }
+      if (o.traces) {
+        const span = trace.getActiveSpan();
+        if (span?.isRecording())
+          span.addEvent('oncely.unconfirmed_write', {
+            [ATTRIBUTES.storeOperation]: event.operation,
+            [ATTRIBUTES.unconfirmedOutcome]: event.outcome,
+          });
       }
     },
     onStoreOperation(event: StoreOperationEvent) {

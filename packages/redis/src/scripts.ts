@@ -79,6 +79,40 @@ redis.call('DEL', KEYS[1])
 if s == 119 then redis.call('PUBLISH', ARGV[2], KEYS[1]) end
 return 1`;
 
+/**
+ * KEYS: record. ARGV: token, the completed record, ttlMs, channel (COMPLETE's). Re-sends a completion its replicas
+ * did not confirm (`waitForReplicas`): writes it where this token's lease still holds the key (a replica promoted
+ * without the completion), writes it again where the very same record is there (so that the WAIT behind it has a
+ * write of this connection to confirm: a WAIT confirms a connection's own writes only), and refuses anything else
+ * (the key gone, another owner's lease or record): the completion is lost.
+ */
+export const RECOMPLETE = `local v = redis.pcall('GET', KEYS[1])
+if type(v) ~= 'string' then return 0 end
+local s = string.byte(v, 1)
+if v ~= ARGV[2] and ((s ~= 112 and s ~= 119) or string.sub(v, 2) ~= ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+if s == 119 then redis.call('PUBLISH', ARGV[4], KEYS[1]) end
+return 1`;
+
+/**
+ * KEYS: record. ARGV: token, channel (RELEASE's). Re-sends a release its replicas did not confirm: deletes this
+ * token's lease where it still holds the key (a replica promoted without the release); where the key is gone, writes
+ * and deletes it in one step, so that the WAIT behind it has a write to confirm and a replica that still has the
+ * lease drops it. Another owner's lease or a completed record: 0, the key is no longer this owner's.
+ */
+export const RERELEASE = `local v = redis.pcall('GET', KEYS[1])
+if not v then
+  redis.call('SET', KEYS[1], 'r', 'PX', 1)
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+if type(v) ~= 'string' then return 0 end
+local s = string.byte(v, 1)
+if (s ~= 112 and s ~= 119) or string.sub(v, 2) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+if s == 119 then redis.call('PUBLISH', ARGV[2], KEYS[1]) end
+return 1`;
+
 /** KEYS: record. ARGV: token, lockTimeoutMs. */
 export const RENEW = `${OWNED}
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -139,6 +173,8 @@ export const SCRIPTS = {
   acquire: script(ACQUIRE),
   complete: script(COMPLETE),
   release: script(RELEASE),
+  recomplete: script(RECOMPLETE),
+  rerelease: script(RERELEASE),
   renew: script(RENEW),
   watch: script(WATCH),
   get: script(GET),

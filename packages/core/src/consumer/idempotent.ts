@@ -14,10 +14,12 @@ import { type Logger, silentLogger } from '../shared/logger';
 import {
   type DecisionEvent,
   type DecisionOutcome,
+  followConfirmation,
   hooksOf,
   type ObservableOptions,
   observedStore,
 } from '../shared/observe';
+import { tellHookThrew, type WarningCode } from '../shared/warnings';
 import { MemoryStore } from '../stores/memory-store';
 import type { AcquireResult, IdempotencyStore, StoredResponse } from '../stores/store';
 import {
@@ -30,6 +32,7 @@ import {
   PermanentError,
   UnstorableResultError,
 } from './errors';
+import type { Jsonified, JsonStorable } from './json';
 
 /** Turns results into bytes for the store and back. The default is JSON (see `idempotent`). */
 export interface ResultSerializer<R> {
@@ -59,7 +62,10 @@ export interface IdempotentOptions<Args extends unknown[], R> extends Observable
   lockTimeout?: Duration;
   /** While the key is held: `'reject'` throws `IdempotencyInProgressError`; `{ wait }` waits that long to replay. */
   inProgress?: 'reject' | { wait: Duration };
-  /** How results are stored. Default: JSON, refusing what JSON would not give back (see docs/consumers.md). */
+  /**
+   * How results are stored. Default: JSON, refusing what JSON would not give back (see docs/consumers.md); every
+   * call then resolves to the JSON form of the result (`Jsonified<R>`). With a serialiser, to `R`.
+   */
   serialize?: ResultSerializer<R>;
   /** Which errors are final: stored and re-thrown to duplicates instead of releasing the key. Default: `PermanentError`. */
   isPermanent?: (error: unknown) => boolean;
@@ -71,14 +77,17 @@ export interface IdempotentOptions<Args extends unknown[], R> extends Observable
   logger?: Logger;
   /**
    * Observation hooks, the engine's (`onDecision`, `onStoreOperation`, `onExecutionStart`/`End`, `onComplete`,
-   * `onRelease`, `onFenced`, `onStoreError`), with `adapter: 'consumer'`. Default: none.
+   * `onRelease`, `onFenced`, `onStoreError`, `onUnconfirmedWrite`), with `adapter: 'consumer'`. Default: none.
    */
   hooks?: IdempotencyHooks;
 }
 
 /** What the outcome-aware form resolves to. */
 export interface IdempotentOutcome<R> {
-  /** `'executed'`: this call ran the function. `'replayed'`: an earlier call did; `result` is its stored result. */
+  /**
+   * `'executed'`: this call ran the function. `'replayed'`: an earlier call did; `result` is its stored result.
+   * With the default JSON serialiser, `result` is the JSON round trip of the function's value either way.
+   */
   outcome: 'executed' | 'replayed';
   result: R;
   /** The store key the call used. */
@@ -97,6 +106,8 @@ interface Resolved<Args extends unknown[], R> {
   maxResultBytes: number;
   maxKeyLength: number;
   log: Logger;
+  /** The process warnings already emitted for this wrapped function (without a logger): said once each. */
+  warned: Set<WarningCode>;
   hooks: IdempotencyHooks;
 }
 
@@ -132,18 +143,32 @@ export const defaultIsPermanent = (error: unknown): boolean => error instanceof 
  * with `inProgress: { wait }`). If `fn` throws, the key is released so a retry runs it again, unless the error is
  * permanent (`PermanentError`, or `isPermanent`), which is stored and re-thrown to duplicates.
  *
- * Results are stored as JSON by default, and replayed as `JSON.parse` gives them back. A result JSON cannot carry
- * (`undefined`, a function, a symbol, a BigInt, a Map or Set, a circular structure) or one larger than
- * `maxResultBytes` is found only after `fn` ran: the call throws `UnstorableResultError` and the key is recorded as
- * executed, so `fn` never runs twice.
+ * Results are stored as JSON by default, and every call, the first included, resolves to what `JSON.parse` gives
+ * back (typed `Jsonified<R>`: a `Date` becomes a string). A result type JSON cannot carry (`undefined`, a BigInt, a
+ * symbol, a Map or Set: see `JsonStorable`) does not compile; a value the types cannot see (a circular structure,
+ * a function-valued own property, more than `maxResultBytes`) is found only after `fn` ran: the call throws
+ * `UnstorableResultError` and the key is recorded as executed, so `fn` never runs twice. With a `serialize` option,
+ * any result type is accepted, the first call gets `fn`'s own value and duplicates get `deserialize()`'s.
  *
  * Options are checked here, once; mistakes throw `IdempotencyOptionsError`.
  */
 export function idempotent<Args extends unknown[], R>(
   fn: (...args: Args) => R | Promise<R>,
+  options: IdempotentOptions<Args, R> & { serialize: ResultSerializer<R> },
+): (...args: Args) => Promise<R>;
+export function idempotent<Args extends unknown[], R>(
+  fn: (...args: Args) => (R & JsonStorable<R>) | Promise<R & JsonStorable<R>>,
+  options: IdempotentOptions<Args, R> & { serialize?: undefined },
+): (...args: Args) => Promise<Jsonified<R>>;
+export function idempotent<Args extends unknown[], R>(
+  fn: (...args: Args) => R | Promise<R>,
   options: IdempotentOptions<Args, R>,
-): (...args: Args) => Promise<R> {
-  const run = idempotentOutcome(fn, options);
+): (...args: Args) => Promise<R | Jsonified<R>> {
+  // The overload that passes R through unchecked: the caller's overload has checked it already.
+  const run = idempotentOutcome<Args, R>(
+    fn,
+    options as IdempotentOptions<Args, R> & { serialize: ResultSerializer<R> },
+  );
   return async (...args: Args) => (await run(...args)).result;
 }
 
@@ -153,8 +178,16 @@ export function idempotent<Args extends unknown[], R>(
  */
 export function idempotentOutcome<Args extends unknown[], R>(
   fn: (...args: Args) => R | Promise<R>,
+  options: IdempotentOptions<Args, R> & { serialize: ResultSerializer<R> },
+): (...args: Args) => Promise<IdempotentOutcome<R>>;
+export function idempotentOutcome<Args extends unknown[], R>(
+  fn: (...args: Args) => (R & JsonStorable<R>) | Promise<R & JsonStorable<R>>,
+  options: IdempotentOptions<Args, R> & { serialize?: undefined },
+): (...args: Args) => Promise<IdempotentOutcome<Jsonified<R>>>;
+export function idempotentOutcome<Args extends unknown[], R>(
+  fn: (...args: Args) => R | Promise<R>,
   options: IdempotentOptions<Args, R>,
-): (...args: Args) => Promise<IdempotentOutcome<R>> {
+): (...args: Args) => Promise<IdempotentOutcome<R | Jsonified<R>>> {
   if (typeof fn !== 'function') {
     throw new IdempotencyOptionsError('fn', `must be the function to wrap; got ${typeof fn}.`);
   }
@@ -264,7 +297,7 @@ function hook<Args extends unknown[], R, K extends keyof IdempotencyHooks>(
   try {
     fn(event);
   } catch (error) {
-    o.log.error({ err: error, hook: name }, 'oncely: a hook threw; ignored');
+    tellHookThrew(o.log, name, error, o.warned);
   }
 }
 
@@ -328,7 +361,9 @@ async function execute<Args extends unknown[], R>(
         hook(o, 'onStoreError', { key, operation: 'release', error: releaseError });
         o.log.error(
           { err: releaseError, key },
-          'oncely: could not release the key after a failure; it frees itself when its lease ends',
+          followUnconfirmed(o, key, 'release', releaseError)
+            ? 'oncely: the store could not confirm that its replicas have the release (not confirmed in time, or no reply); it re-sends it until they do'
+            : 'oncely: could not release the key after a failure; it frees itself when its lease ends',
         );
       }
     }
@@ -358,8 +393,14 @@ async function execute<Args extends unknown[], R>(
     'the result',
   );
   executionEnded(o, key);
-  // The caller that ran fn gets fn's own value; duplicates get what the store gives back.
-  return { outcome: 'executed', result: value, key };
+  // With the default JSON, the caller that ran fn gets the JSON round trip of its value, as every duplicate does:
+  // one type for both, and a result that only works before the round trip fails on the first call, not on a replay.
+  // A custom serialiser's callers get fn's own value: its deserialize() is trusted to give back the same type.
+  return {
+    outcome: 'executed',
+    result: o.serializer === undefined ? (JSON.parse(textOf(encoded.bytes)) as R) : value,
+    key,
+  };
 }
 
 /** Stores the final record. Never throws: fn has run, and the caller must learn its outcome either way. */
@@ -378,12 +419,30 @@ async function finish<Args extends unknown[], R>(
     hook(o, 'onStoreError', { key, operation: 'complete', error });
     o.log.error(
       { err: error, key },
-      // A store may have written the record and failed only to confirm it (RedisStore's waitForReplicas).
-      (error as { recordWritten?: unknown } | null)?.recordWritten === true
-        ? `oncely: ${what} was stored but its durability was not confirmed; a failover before it replicates would let a retry run the function again`
-        : `oncely: could not store ${what}; once the lease ends, a retry with this key runs the function again`,
+      // A store may have written the record and failed only to confirm it, or go on writing and confirming it in
+      // the background (RedisStore's waitForReplicas).
+      followUnconfirmed(o, key, 'complete', error)
+        ? `oncely: the store could not confirm that its replicas have ${what} (not confirmed in time, or no reply); it re-sends it until they do`
+        : (error as { recordWritten?: unknown } | null)?.recordWritten === true
+          ? `oncely: ${what} was stored but its durability was not confirmed; a failover before it replicates would let a retry run the function again`
+          : `oncely: could not store ${what}; once the lease ends, a retry with this key runs the function again`,
     );
   }
+}
+
+/** Reports a write the store is still confirming to `onUnconfirmedWrite`, now and when it ends; false if not one. */
+function followUnconfirmed<Args extends unknown[], R>(
+  o: Resolved<Args, R>,
+  key: string,
+  operation: 'complete' | 'release',
+  error: unknown,
+): boolean {
+  return followConfirmation(
+    error,
+    { adapter: 'consumer', key, operation },
+    (event) => hook(o, 'onUnconfirmedWrite', event),
+    o.log,
+  );
 }
 
 function executionEnded<Args extends unknown[], R>(o: Resolved<Args, R>, key: string): void {
@@ -630,6 +689,7 @@ function resolveIdempotentOptions<Args extends unknown[], R>(
     );
   }
   const log = o.logger === undefined ? silentLogger : checkLogger(o.logger);
+  const warned = new Set<WarningCode>();
   const hooks = hooksOf(o) ?? {};
   const store = o.store === undefined ? new MemoryStore() : checkStore(o.store);
   return {
@@ -638,7 +698,7 @@ function resolveIdempotentOptions<Args extends unknown[], R>(
       try {
         fn?.(event);
       } catch (error) {
-        log.error({ err: error, hook: 'onStoreOperation' }, 'oncely: a hook threw; ignored');
+        tellHookThrew(log, 'onStoreOperation', error, warned);
       }
     }),
     key: o.key,
@@ -653,6 +713,7 @@ function resolveIdempotentOptions<Args extends unknown[], R>(
       o.maxResultBytes === undefined ? 1_048_576 : integerOption('maxResultBytes', o.maxResultBytes),
     maxKeyLength: o.maxKeyLength === undefined ? 255 : integerOption('maxKeyLength', o.maxKeyLength),
     log,
+    warned,
     hooks,
   };
 }

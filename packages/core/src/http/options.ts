@@ -9,6 +9,7 @@ import {
   hooksOver,
   type ObservableOptions,
   type StoreOperationEvent,
+  type UnconfirmedWriteOutcome,
 } from '../shared/observe';
 import { MemoryStore } from '../stores/memory-store';
 import type { IdempotencyStore, TransactionalIdempotencyStore } from '../stores/store';
@@ -45,6 +46,23 @@ export interface ReleaseEvent extends IdempotencyEvent {
 export interface CompleteEvent extends IdempotencyEvent {
   status: number;
 }
+/**
+ * A write the store made but could not confirm in time, and how it ended (RedisStore's `waitForReplicas`: fewer
+ * replicas than asked confirmed a completion or a release; the store re-sends it in the background).
+ */
+export interface UnconfirmedWriteEvent extends IdempotencyEvent {
+  /** Who reported it: the engine (`'http'`) or `idempotent()` (`'consumer'`). */
+  adapter: AdapterKind;
+  operation: 'complete' | 'release';
+  /**
+   * `'unconfirmed'` once, when the write is left unconfirmed (the response is sent all the same); then once, how it
+   * ended: `'confirmed'` (a re-sent write was confirmed), `'lost'` (the key is no longer this execution's: its lease
+   * ended or another request took the key, so for a completion a retry runs again), `'gave_up'` (the store stopped
+   * re-sending: its bound ran out, or it was closed).
+   */
+  outcome: 'unconfirmed' | UnconfirmedWriteOutcome;
+}
+
 /** A covered request carried credentials while the engine has no `scope` (reported once per engine). */
 export interface UnscopedCredentialsEvent {
   /** The credential header seen: `'authorization'` or `'cookie'`. Its value is never passed. */
@@ -72,6 +90,11 @@ export interface IdempotencyHooks {
   onComplete?(event: CompleteEvent): void;
   /** The key was released so the next request runs the handler again. */
   onRelease?(event: ReleaseEvent): void;
+  /**
+   * A completion or release the store wrote but could not confirm in time (`outcome: 'unconfirmed'`), then how it
+   * ended: two events per such write. Only stores that confirm writes report it (RedisStore with `waitForReplicas`).
+   */
+  onUnconfirmedWrite?(event: UnconfirmedWriteEvent): void;
   /**
    * A covered request carried `Authorization` or `Cookie` and no `scope` is set: any client sending the same key
    * would get this caller's stored response (docs/security.md). Called once per engine, beside a logged warning;
@@ -106,7 +129,7 @@ export interface IdempotencyOptions<Req = unknown> extends ObservableOptions {
   header?: string;
   /** Longest key accepted; longer keys get 400. Default: `255`. */
   maxKeyLength?: number;
-  /** A covered request without a key gets 400. Default: `false`. */
+  /** A covered request without a key gets 400. Default: `false`, or `true` with `transactional: true`. */
   required?: boolean;
   /** Methods covered; others pass through untouched. Default: `['POST', 'PUT', 'PATCH']`. */
   methods?: readonly string[];
@@ -141,7 +164,7 @@ export interface IdempotencyOptions<Req = unknown> extends ObservableOptions {
   /**
    * Run each execution inside a store transaction that the handler's writes join (`req.idempotency.db`), so they
    * and the stored response commit together; the response is sent only after the commit. Needs a store with
-   * `acquireInTransaction` (PostgresStore). Default: `false`.
+   * `acquireInTransaction` (PostgresStore). Makes `required` default to `true`. Default: `false`.
    */
   transactional?: boolean;
 }
@@ -228,7 +251,12 @@ export function resolveOptions<Req>(
       o.maxKeyLength === undefined
         ? (base?.maxKeyLength ?? 255)
         : positiveInteger('maxKeyLength', o.maxKeyLength),
-    required: o.required === undefined ? (base?.required ?? false) : checkBoolean('required', o.required),
+    // In transactional mode the handler writes through the request's transaction, which a keyless request does not
+    // get: it is refused (400) unless `required: false` is given with it, and the handler then falls back itself.
+    required:
+      o.required === undefined
+        ? o.transactional === true || (base?.required ?? false)
+        : checkBoolean('required', o.required),
     methods:
       o.methods === undefined
         ? (base?.methods ?? new Set(['POST', 'PUT', 'PATCH']))

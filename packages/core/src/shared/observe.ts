@@ -1,6 +1,7 @@
-import type { IdempotencyHooks } from '../http/options';
+import type { IdempotencyHooks, UnconfirmedWriteEvent } from '../http/options';
 import type { IdempotencyStore, StoreTransaction } from '../stores/store';
 import { IdempotencyOptionsError } from './errors';
+import type { Logger } from './logger';
 
 // The one place where the engine and idempotent() (hence every consumer) report what the other hooks cannot see:
 // decisions, store operation durations and executions in flight. The logger, user hooks and @oncely/opentelemetry
@@ -46,6 +47,59 @@ export interface StoreOperationEvent {
    * when it has none that reads as one (OpenTelemetry's `error.type` convention: bounded by the code, not the data).
    */
   errorType?: string;
+}
+
+/** How a write the store could not confirm in time ended (`onUnconfirmedWrite`). */
+export type UnconfirmedWriteOutcome = 'confirmed' | 'lost' | 'gave_up';
+
+/**
+ * The confirmation a store error carries when the store goes on confirming the write in the background
+ * (RedisStore's `waitForReplicas`, whether its write was not confirmed in time or failed without a reply): a
+ * `confirmation` promise of how it ended. Read by shape, so that any store can offer it; `undefined` for any other
+ * error.
+ */
+export function pendingConfirmation(error: unknown): Promise<UnconfirmedWriteOutcome> | undefined {
+  if (typeof error !== 'object' || error === null) return undefined;
+  try {
+    const { confirmation } = error as { confirmation?: unknown };
+    if (typeof (confirmation as { then?: unknown } | null)?.then !== 'function') return undefined;
+    return confirmation as Promise<UnconfirmedWriteOutcome>;
+  } catch {
+    return undefined; // a getter that throws: an error like any other
+  }
+}
+
+/**
+ * Reports an unconfirmed write to `onUnconfirmedWrite` (`report`), now and when its confirmation ends, and logs
+ * how it ended. Returns false, doing nothing, when `error` carries no confirmation.
+ */
+export function followConfirmation(
+  error: unknown,
+  event: { adapter: AdapterKind; key: string; operation: 'complete' | 'release' },
+  report: (event: UnconfirmedWriteEvent) => void,
+  log: Logger,
+): boolean {
+  const confirmation = pendingConfirmation(error);
+  if (confirmation === undefined) return false;
+  report({ ...event, outcome: 'unconfirmed' });
+  confirmation.then(
+    (outcome) => {
+      report({ ...event, outcome });
+      const fields = { key: event.key, operation: event.operation, outcome };
+      if (outcome === 'confirmed') log.info(fields, 'oncely: the replicas confirmed the re-sent write');
+      else if (event.operation === 'release')
+        log.warn(fields, 'oncely: the release was never confirmed; the key frees itself when its lease ends');
+      else
+        log.error(
+          fields,
+          outcome === 'lost'
+            ? "oncely: the unconfirmed response was lost (the key is no longer this execution's): a retry runs the handler again"
+            : 'oncely: stopped re-sending the unconfirmed response (lockTimeout passed, or the store was closed): a failover that loses it lets a retry run the handler again',
+        );
+    },
+    () => {},
+  );
+  return true;
 }
 
 /** An execution (a handler or consumer function running under a key, or unprotected in fail-open) began or ended. */
@@ -110,6 +164,7 @@ const HOOK_NAMES = Object.keys({
   onMismatch: true,
   onComplete: true,
   onRelease: true,
+  onUnconfirmedWrite: true,
   onStoreError: true,
   onFenced: true,
   onUnscopedCredentials: true,
