@@ -6,6 +6,8 @@ import {
   canonicalJson,
   consumerRuntime,
   IdempotencyOptionsError,
+  type Jsonified,
+  type JsonStorable,
   PermanentError,
 } from '@oncely/core';
 import {
@@ -56,6 +58,18 @@ export interface BullmqProcessorOptions<J extends BullmqJob = Job<unknown, unkno
   key: (job: J) => string | undefined;
 }
 
+/**
+ * What `fn` may return: nothing (the job completes with `null`), or a value JSON can store and give back (see
+ * `JsonStorable` in `@oncely/core`): a BigInt, a Map or a Set does not compile.
+ */
+export type BullmqStorable<R> = R extends void ? R : JsonStorable<R>;
+
+/**
+ * What a job completes with, on its first run and as a duplicate alike: `fn`'s result as JSON gives it back (a
+ * `Date` becomes a string), `null` for nothing.
+ */
+export type BullmqResult<R> = R extends void ? null : Jsonified<R>;
+
 /** A BullMQ processor: `(job, token, signal)`, as `new Worker(name, processor)` calls it. */
 export type IdempotentProcessor<J extends BullmqJob, R> = (
   job: J,
@@ -67,8 +81,8 @@ export type IdempotentProcessor<J extends BullmqJob, R> = (
  * Wraps a BullMQ processor so that each key's work runs at most once across every worker sharing `store`, and
  * settles every job:
  *
- * - `fn` finished → the job completes with `fn`'s return value, which is stored; a later job with the same key
- *   completes with that stored value without running `fn` (as JSON gave it back);
+ * - `fn` finished → the job completes with `fn`'s return value as JSON gives it back (`BullmqResult<R>`), which
+ *   is stored; a later job with the same key completes with that stored value without running `fn`;
  * - the key is held by a job running elsewhere, or the store is unreachable → the job is moved back to delayed for
  *   `inProgressDelay` (`job.moveToDelayed` + `DelayedError`): not failed, no attempt counted;
  * - `fn` threw → the error is re-thrown: BullMQ retries per the job's `attempts`/`backoff`, then fails it (an
@@ -87,9 +101,13 @@ export type IdempotentProcessor<J extends BullmqJob, R> = (
  * ```
  */
 export function idempotentProcessor<R, J extends BullmqJob = Job<unknown, unknown>>(
-  fn: (job: J, token?: string, signal?: AbortSignal) => R | Promise<R>,
+  fn: (
+    job: J,
+    token?: string,
+    signal?: AbortSignal,
+  ) => (R & BullmqStorable<R>) | Promise<R & BullmqStorable<R>>,
   options: BullmqProcessorOptions<J>,
-): IdempotentProcessor<J, R> {
+): IdempotentProcessor<J, BullmqResult<R>> {
   if (typeof fn !== 'function') {
     throw new IdempotencyOptionsError(
       'fn',
@@ -174,7 +192,7 @@ export function idempotentProcessor<R, J extends BullmqJob = Job<unknown, unknow
         report(job, key, settlement, failuresBefore);
         // `unstorable`: the work ran, but its value could not be stored (no JSON form, or over maxResultBytes):
         // the job completes with null, as every duplicate will (docs/consumers.md).
-        return (result ?? null) as R;
+        return (result ?? null) as BullmqResult<R>;
       case 'delay': {
         if (typeof token !== 'string') {
           throw new Error(

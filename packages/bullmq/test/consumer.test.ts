@@ -124,6 +124,22 @@ test('a duplicate job (same key, another job id) completes with the first return
   expect(h.events.map((e) => e.key)).toEqual(['o-1', 'o-1']);
 });
 
+test('the processor resolves to the JSON form of the result on the first job as on its duplicates', async () => {
+  const processor = idempotentProcessor(
+    async (job: OrderJob) => ({ id: job.data.orderId, at: new Date(0) }),
+    {
+      store: newStore(),
+      key: (job) => job.data.orderId,
+    },
+  );
+  const job = (id: string) =>
+    ({ id, name: 'charge', data: { orderId: 'json-form' }, attemptsMade: 0 }) as OrderJob;
+  const first = await processor(job('1'), 'token');
+  const duplicate = await processor(job('2'), 'token');
+  expect(first).toStrictEqual({ id: 'json-form', at: '1970-01-01T00:00:00.000Z' });
+  expect(duplicate).toStrictEqual(first);
+});
+
 test('a processor that returns nothing completes with null, and so do its duplicates', async () => {
   let runs = 0;
   const h = await harness('void', () => void runs++, { store: newStore() });

@@ -1,3 +1,5 @@
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import {
   IdempotencyInProgressError,
   IdempotencyKeyError,
@@ -480,8 +482,9 @@ describe('results that cannot be stored', () => {
     ['a result over maxResultBytes', 'x'.repeat(2000), /2002 bytes, more than maxResultBytes \(1000\)/],
   ])('%s: refused after fn ran once, and never run again', async (_label, value, reason) => {
     let runs = 0;
+    // Typed unknown, as a value the types cannot see through would be: these results do not compile as they are.
     const run = idempotent(
-      async () => {
+      async (): Promise<unknown> => {
         runs++;
         return value;
       },
@@ -513,6 +516,34 @@ describe('results that cannot be stored', () => {
     await expect(run()).resolves.toEqual({ when: '1970-01-01T00:00:00.000Z', nothing: null });
     expect(runs).toBe(1);
     await expect(idempotent(async () => null, { store, key: () => 'null' })()).resolves.toBeNull();
+  });
+
+  test('the call that runs fn gets the same JSON round trip as its duplicates', async () => {
+    let runs = 0;
+    const run = idempotent(
+      async () => {
+        runs++;
+        return { when: new Date(0), skipped: undefined, list: [1, undefined] };
+      },
+      { store, key: () => 'round-trip' },
+    );
+    const first = await run();
+    const duplicate = await run();
+    expect(runs).toBe(1);
+    expect(first).toStrictEqual({ when: '1970-01-01T00:00:00.000Z', list: [1, null] });
+    expect(duplicate).toStrictEqual(first);
+    // A custom serialiser is trusted to give back fn's type: the first call gets fn's own value.
+    const at = new Date(0);
+    const custom = idempotent(async () => ({ at }), {
+      store,
+      key: () => 'custom-first',
+      serialize: {
+        serialize: (r) => new TextEncoder().encode(r.at.toISOString()),
+        deserialize: (b) => ({ at: new Date(new TextDecoder().decode(b)) }),
+      },
+    });
+    expect((await custom()).at).toBe(at);
+    await expect(custom()).resolves.toStrictEqual({ at: new Date(0) });
   });
 
   test('a custom serializer stores what JSON cannot, with its content-type', async () => {
@@ -604,7 +635,9 @@ describe('consumer retry policy (shared by @oncely/amqp and @oncely/nats)', () =
   });
 
   test('a retryDelay function is used, and a bad answer from it falls back to the default', () => {
-    const p = resolveConsumerRetryPolicy({ retryDelay: (n) => (n === 2 ? 'nonsense' : `${n * 100}ms`) });
+    const p = resolveConsumerRetryPolicy({
+      retryDelay: (n) => (n === 2 ? ('nonsense' as never) : `${n * 100}ms`),
+    });
     expect(p.retryDelayMs(1)).toBe(100);
     expect(p.retryDelayMs(2)).toBe(2000);
   });
@@ -626,4 +659,17 @@ describe('consumer retry policy (shared by @oncely/amqp and @oncely/nats)', () =
       expect((error as IdempotencyOptionsError).option).toBe(name);
     }
   });
+});
+
+test('docs/consumers.md lists every option idempotent() takes', () => {
+  let known: string[] = [];
+  try {
+    idempotent(async () => 1, { key: () => 'k', notAnOption: true } as never);
+  } catch (error) {
+    known = (/known options: (.*)\.$/.exec((error as Error).message)?.[1] ?? '').split(', ');
+  }
+  expect(known).toContain('hooks');
+  const docs = readFileSync(join(__dirname, '../../../docs/consumers.md'), 'utf8');
+  const listed = new Set([...docs.matchAll(/^- `([a-zA-Z]+)` \(/gm)].map((match) => match[1]));
+  expect(known.filter((name) => !listed.has(name))).toEqual([]);
 });

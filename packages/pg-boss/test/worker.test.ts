@@ -337,6 +337,49 @@ describe('plain mode (PostgresStore as an ordinary store)', () => {
     expect(keys).toEqual(['custom:7']);
     await boss.offWork(name);
   });
+
+  test('a key or fingerprint function that throws cancels the job without running it, reported and logged', async () => {
+    const name = await queue();
+    let runs = 0;
+    const warnings: string[] = [];
+    const log = (level: string) => (_obj: object, msg?: string) =>
+      void (level === 'warn' && warnings.push(msg ?? ''));
+    const { events, onSettled, reported } = recorder();
+    await boss.work<Data>(
+      name,
+      work,
+      idempotentWorker<Job>(
+        async () => {
+          runs++;
+          return null;
+        },
+        {
+          boss,
+          store,
+          onSettled,
+          logger: { debug: log('debug'), info: log('info'), warn: log('warn'), error: log('error') },
+          key: (job) => {
+            if (job.data.n === 1) throw new Error('no key here');
+            return `throwing:${job.data.n}`;
+          },
+          fingerprint: (job) => {
+            if (job.data.n === 2) throw new Error('no fingerprint here');
+            return 'same';
+          },
+        },
+      ),
+    );
+    expect((await settledJob(boss, name, await send(name, { n: 1 }))).state).toBe('cancelled');
+    expect((await settledJob(boss, name, await send(name, { n: 2 }))).state).toBe('cancelled');
+    await reported(2);
+    expect(events.map((e) => `${e.action}:${e.reason}`)).toEqual([
+      'dead-letter:invalid-key',
+      'dead-letter:invalid-key',
+    ]);
+    expect(runs).toBe(0);
+    expect(warnings.filter((w) => /cancelled/.test(w))).toHaveLength(2);
+    await boss.offWork(name);
+  });
 });
 
 test('one batch with a success, a permanent error and a transient failure: each job settled on its own', async () => {
@@ -456,7 +499,10 @@ describe('transactional mode', () => {
     [
       'UnstorableResultError',
       (key: string) =>
-        idempotent(async () => undefined, { store: new MemoryStore(), key: () => `inner-${key}` })(),
+        idempotent(async (): Promise<unknown> => undefined, {
+          store: new MemoryStore(),
+          key: () => `inner-${key}`,
+        })(),
     ],
     // Settled as a conflict on this job's key, it would be delayed in the worker and run again, attempt uncounted.
     [
@@ -989,8 +1035,8 @@ describe('option mistakes are caught at construction', () => {
     ['transactional', () => idempotentWorker(fn, { boss, store, transactional: 'yes' } as never)],
     ['key', () => idempotentWorker(fn, { boss, key: 'idempotencyKey' } as never)],
     ['queue', () => idempotentWorker(fn, { boss, queue: 'orders' } as never)],
-    ['ttl', () => idempotentWorker(fn, { boss, ttl: 'forever' })],
-    ['inProgress', () => idempotentWorker(fn, { boss, inProgress: { wait: 'soon' } })],
+    ['ttl', () => idempotentWorker(fn, { boss, ttl: 'forever' as never })],
+    ['inProgress', () => idempotentWorker(fn, { boss, inProgress: { wait: 'soon' as never } })],
     ['inProgress', () => idempotentWorker(fn, { boss, inProgress: 'wait' as never })],
     ['options', () => idempotentWorker(fn, null as never)],
     ['handler', () => idempotentWorker(null as never, { boss })],

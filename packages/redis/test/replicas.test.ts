@@ -213,7 +213,7 @@ test('waitForReplicas is checked at construction, and refused with a Cluster cli
       () =>
         new RedisStore({
           client,
-          waitForReplicas: waitForReplicas as unknown as { replicas: number; timeout: string },
+          waitForReplicas: waitForReplicas as never,
         }),
     ).toThrow(message);
   }

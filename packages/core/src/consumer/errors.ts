@@ -58,7 +58,8 @@ export class IdempotencyStoreError extends Error {
 /**
  * The function ran, but its result could not be stored (not serialisable, or larger than `maxResultBytes`). The
  * key is recorded as executed anyway, so the function never runs again for it: its side effects happened once.
- * The first call and every duplicate get this error; `replayed` tells them apart.
+ * The first call and every duplicate get this error; `replayed` tells them apart. Result types JSON cannot carry
+ * are compile errors (`JsonStorable`): this is for what the types do not show (a cycle, a value typed `unknown`).
  */
 export class UnstorableResultError extends Error {
   override readonly name = 'UnstorableResultError';
