@@ -16,8 +16,16 @@ export interface RetryEvent {
 }
 
 /**
+ * A duration, as the oncely server takes it: milliseconds as a number, or a number with a unit (`ms`, `s`, `m`, `h`,
+ * `d`) such as `'250ms'`, `'5s'`, `'1.5 m'`.
+ */
+export type Duration = number | `${number}${DurationUnit}` | `${number} ${DurationUnit}`;
+/** The units a duration string may end with: milliseconds, seconds, minutes, hours, days. */
+export type DurationUnit = 'ms' | 's' | 'm' | 'h' | 'd';
+
+/**
  * Options of `idempotentFetch(options)`. Every option is optional; the default is given beside each. Durations are
- * milliseconds. Options are checked once, when `idempotentFetch` is called: a wrong value or an unknown name throws
+ * milliseconds, or strings with a unit (`'5s'`). Options are checked once, when `idempotentFetch` is called: a wrong value or an unknown name throws
  * an `IdempotentFetchOptionsError` (a `TypeError`) naming the option.
  */
 export interface IdempotentFetchOptions {
@@ -44,18 +52,18 @@ export interface IdempotentFetchOptions {
    * How long one attempt may wait for the response headers before it is abandoned (and retried). `Infinity`: no
    * limit. Default: `10_000`.
    */
-  timeout?: number;
+  timeout?: Duration;
   /**
    * Total time for the call, every attempt and wait included: no attempt starts, and no wait begins, that would end
    * after it. `Infinity`: no limit. Default: `60_000`.
    */
-  deadline?: number;
+  deadline?: Duration;
   /** Ceiling of the first backoff delay; full jitter picks a delay between 0 and it. Default: `250`. */
-  baseDelay?: number;
+  baseDelay?: Duration;
   /** The backoff ceiling doubles per retry up to this. Default: `10_000`. */
-  maxDelay?: number;
+  maxDelay?: Duration;
   /** The longest `Retry-After` honoured; a longer one is waited for this long. Default: `30_000`. */
-  maxRetryAfter?: number;
+  maxRetryAfter?: Duration;
   /**
    * Response statuses that are retried. Other statuses are returned to you as they are, never retried.
    * Default: `[409, 425, 429, 502, 503, 504]`.
@@ -134,18 +142,35 @@ function integerAtLeast(option: string, value: unknown, min: number, fallback: n
 // The longest a timer can wait: setTimeout fires a longer delay after 1 ms (Node warns, browsers say nothing).
 const MAX_TIMER_MS = 2 ** 31 - 1;
 
-/** Milliseconds: a number from 0 to MAX_TIMER_MS (24.8 days), or Infinity where `unlimited` allows it. */
+const UNIT_MS: Readonly<Record<DurationUnit, number>> = {
+  ms: 1,
+  s: 1000,
+  m: 60_000,
+  h: 3_600_000,
+  d: 86_400_000,
+};
+// The server's duration syntax (parseDuration in @oncely/core), so that one value configures both ends.
+const DURATION = /^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$/;
+
+/**
+ * Milliseconds, from a number or a string with a unit: from 0 to MAX_TIMER_MS (24.8 days), or Infinity where
+ * `unlimited` allows it.
+ */
 function duration(option: string, value: unknown, fallback: number, unlimited: boolean): number {
   if (value === undefined) return fallback;
-  const ok =
-    typeof value === 'number' && value >= 0 && (value <= MAX_TIMER_MS || (unlimited && value === Infinity));
+  let ms: number | undefined = typeof value === 'number' ? value : undefined;
+  if (typeof value === 'string') {
+    const match = DURATION.exec(value.trim());
+    if (match) ms = Math.round(Number(match[1]) * UNIT_MS[match[2] as DurationUnit]);
+  }
+  const ok = ms !== undefined && ms >= 0 && (ms <= MAX_TIMER_MS || (unlimited && ms === Infinity));
   if (!ok)
     fail(
       option,
-      `must be milliseconds, a number from 0 to ${MAX_TIMER_MS} (24.8 days, the longest a timer waits)${unlimited ? ', or Infinity for no limit' : ''}`,
+      `must be a duration from 0 to ${MAX_TIMER_MS} ms (24.8 days, the longest a timer waits): milliseconds or a string with a unit such as '5s'${unlimited ? ', or Infinity for no limit' : ''}`,
       value,
     );
-  return value;
+  return ms as number;
 }
 
 function methodSet(option: string, value: unknown, fallback: readonly string[]): ReadonlySet<string> {

@@ -5,6 +5,7 @@ import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
+import { parseDuration } from '@oncely/core';
 import { freePort } from '@oncely/testing';
 import {
   type AttemptOutcome,
@@ -14,6 +15,7 @@ import {
   idempotentFetch,
   type RetryEvent,
 } from '../src';
+import { type Duration, resolveOptions } from '../src/options';
 
 /** A fetch that answers `statuses` in turn (the last one repeated) and keeps each request it got. */
 function scriptedFetch(statuses: number[], headers: Record<string, string> = {}) {
@@ -56,24 +58,21 @@ describe('options are checked once, when idempotentFetch is called', () => {
     [
       'timeout',
       { timeout: -1 },
-      /timeout must be milliseconds, a number from 0 to 2147483647 \(24\.8 days, the longest a timer waits\), or Infinity for no limit; got -1/,
+      /timeout must be a duration from 0 to 2147483647 ms \(24\.8 days, the longest a timer waits\): milliseconds or a string with a unit such as '5s', or Infinity for no limit; got -1/,
     ],
-    [
-      'timeout',
-      { timeout: 3e9 },
-      /timeout must be milliseconds, a number from 0 to 2147483647.*got 3000000000/,
-    ],
-    ['deadline', { deadline: 2 ** 31 }, /deadline must be milliseconds.*got 2147483648/],
-    ['maxDelay', { maxDelay: 2 ** 31 }, /maxDelay must be milliseconds.*got 2147483648/],
-    ['timeout', { timeout: '10s' }, /timeout must be milliseconds.*got "10s"/],
-    ['deadline', { deadline: Number.NaN }, /deadline must be milliseconds.*got NaN/],
+    ['timeout', { timeout: 3e9 }, /timeout must be a duration from 0 to 2147483647 ms.*got 3000000000/],
+    ['deadline', { deadline: 2 ** 31 }, /deadline must be a duration.*got 2147483648/],
+    ['maxDelay', { maxDelay: 2 ** 31 }, /maxDelay must be a duration.*got 2147483648/],
+    ['timeout', { timeout: '1 day' }, /timeout must be a duration.*got "1 day"/],
+    ['deadline', { deadline: '25d' }, /deadline must be a duration from 0 to 2147483647 ms.*got "25d"/],
+    ['deadline', { deadline: Number.NaN }, /deadline must be a duration.*got NaN/],
     [
       'baseDelay',
       { baseDelay: Infinity },
-      /baseDelay must be milliseconds, a number from 0 to 2147483647 \(24\.8 days, the longest a timer waits\); got Infinity/,
+      /baseDelay must be a duration from 0 to 2147483647 ms \(24\.8 days, the longest a timer waits\): milliseconds or a string with a unit such as '5s'; got Infinity/,
     ],
     ['maxDelay', { baseDelay: 500, maxDelay: 100 }, /maxDelay must be ≥ baseDelay \(500\)/],
-    ['maxRetryAfter', { maxRetryAfter: -5 }, /maxRetryAfter must be milliseconds/],
+    ['maxRetryAfter', { maxRetryAfter: -5 }, /maxRetryAfter must be a duration/],
     [
       'retryOn',
       { retryOn: [200] },
@@ -114,6 +113,48 @@ describe('options are checked once, when idempotentFetch is called', () => {
   test('the function has fetch’s type', () => {
     const asFetch: typeof fetch = idempotentFetch();
     expect(typeof asFetch).toBe('function');
+  });
+});
+
+describe('durations: the strings the server takes, read as the server reads them', () => {
+  // The client has no dependencies, so it carries its own copy of the server's syntax: this keeps them one.
+  const samples = [
+    '250ms',
+    '5s',
+    '1.5m',
+    '1.5 m',
+    ' 30s ',
+    '2h',
+    '1d',
+    '0s',
+    '0.0004s',
+    '10',
+    '5S',
+    '5 sec',
+    '1 day',
+    '-1s',
+    '1e3ms',
+    '.5s',
+    '5s5s',
+    '',
+    ' ',
+    'Infinity',
+  ];
+  test.each(samples.map((sample) => [sample]))('%j', (sample) => {
+    let server: number | undefined;
+    try {
+      server = parseDuration(sample);
+    } catch {
+      server = undefined;
+    }
+    let client: number | undefined;
+    try {
+      client = resolveOptions({ baseDelay: sample as Duration, maxDelay: '1d' }).baseDelay;
+    } catch (error) {
+      expect(error).toBeInstanceOf(IdempotentFetchOptionsError);
+      client = undefined;
+    }
+    expect(client).toBe(server);
   });
 });
 
@@ -171,6 +212,24 @@ describe('retry rules', () => {
       await expect(client('http://api.test/x', { method: 'POST' })).rejects.toThrow(IdempotentFetchError);
       expect(delays).toEqual(expected);
     }
+  });
+
+  test('durations may be strings with a unit, as the server takes them', async () => {
+    const delays: number[] = [];
+    const { fetch } = scriptedFetch([503]);
+    const client = idempotentFetch({
+      fetch,
+      random: () => 1,
+      baseDelay: '8ms',
+      maxDelay: '0.04s',
+      maxAttempts: 6,
+      timeout: '10s',
+      deadline: '1 m',
+      maxRetryAfter: '30s',
+      onRetry: (e) => void delays.push(e.delayMs),
+    });
+    await expect(client('http://api.test/x', { method: 'POST' })).rejects.toThrow(IdempotentFetchError);
+    expect(delays).toEqual([8, 16, 32, 40, 40]);
   });
 
   test('Retry-After beats a shorter backoff; an invalid one is ignored', async () => {
