@@ -359,7 +359,7 @@ describe('unscoped keys behind credentials', () => {
     expect(warnings[0]?.msg).toMatch(/without a scope/);
     expect(warnings[0]?.msg).toMatch(/scope: false/);
     expect(warnings[0]?.msg).toMatch(/scopeByHeader/);
-    expect(warnings[0]?.msg).toMatch(/oncely\.dev\/docs\/security/);
+    expect(warnings[0]?.msg).toMatch(/docs\/security\.md#always-set-scope-on-an-authenticated-api/);
     expect(JSON.stringify(warnings)).not.toContain('secret-token');
     expect(events).toEqual([{ header: 'authorization' }]);
   });

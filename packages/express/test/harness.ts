@@ -100,7 +100,7 @@ export function expressHarness(name: string, express: ExpressFactory): AdapterHa
       });
       app.post(
         '/bad-status',
-        (req, res) => {
+        (req: Request, res: Response) => {
           count('bad-status');
           // Express 4 takes it (and Node's end() then refuses it); Express 5's res.status() throws.
           if (req.query.in === 'handler') res.status(undefined as unknown as number).json({ ok: true });

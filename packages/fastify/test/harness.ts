@@ -110,7 +110,7 @@ export const fastifyHarness: AdapterHarness & {
         count('bad-status');
         // Fastify's reply.code() refuses it (throws), as Node would.
         if ((request.query as { in?: string }).in === 'handler')
-          return reply.code(undefined as never).send({});
+          return reply.code(undefined as unknown as number).send({});
         throw new Error('no status');
       },
       // A hand-written error handler that trusts every error to carry a status.

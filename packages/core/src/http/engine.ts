@@ -805,9 +805,9 @@ function isValidStatus(status: unknown): status is number {
 function internalErrorResponse(): StoredResponse {
   return problemResponse({
     type: PROBLEM_TYPES.internal,
-    title: 'Internal server error',
+    title: 'Idempotency check failed',
     status: 500,
-    detail: 'The response could not be completed. Retry with the same key.',
+    detail: 'The server could not decide whether its response may be replayed. Retry with the same key.',
   });
 }
 
@@ -851,7 +851,7 @@ function omittedReplay(status: number): StoredResponse {
       type: PROBLEM_TYPES.responseNotStored,
       title: 'Response not stored',
       status: 410,
-      detail: `The request with this idempotency key was executed (status ${status}), but its response was not kept (larger than maxBodyBytes, or written outside oncely). It will not be executed again.`,
+      detail: `The request with this idempotency key was executed (status ${status}), but its response was not kept (larger than maxBodyBytes, written outside oncely, or cut short when its client left). It will not be executed again.`,
       originalStatus: status,
     },
     { 'idempotent-replayed': 'true' },
