@@ -343,18 +343,21 @@ function continuation(
         this.push(chunk);
         return;
       }
-      rest.next().then(
-        ({ done, value }) => {
+      const failed = (error: unknown): void => {
+        executed();
+        this.destroy(error instanceof Error ? error : new Error(String(error)));
+      };
+      rest.next().then(({ done, value }) => {
+        // toChunk throws for a chunk that is not bytes: the response fails, rather than the promise.
+        try {
           if (done) {
             executed(false);
             this.push(null);
           } else this.push(toChunk(value));
-        },
-        (error: unknown) => {
-          executed();
-          this.destroy(error instanceof Error ? error : new Error(String(error)));
-        },
-      );
+        } catch (error) {
+          failed(error);
+        }
+      }, failed);
     },
     destroy(error, callback) {
       executed();

@@ -2,6 +2,7 @@ import { request as httpRequest } from 'node:http';
 import { createServer as createHttp2Server } from 'node:http2';
 import type { AddressInfo } from 'node:net';
 import { Readable } from 'node:stream';
+import { inspect } from 'node:util';
 import { bodyParser } from '@koa/bodyparser';
 import Router from '@koa/router';
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
@@ -17,7 +18,7 @@ import {
 import Koa, { type Context } from 'koa';
 import compress from 'koa-compress';
 import request from 'supertest';
-import { idempotency, type KoaIdempotencyOptions } from '../src';
+import { idempotency, type KoaIdempotencyOptions, scopeByHeader } from '../src';
 import { jsonErrors, streamedBody } from './harness';
 
 /** A Koa app with a body parser, oncely app-wide, and `route` as POST /r. */
@@ -335,6 +336,37 @@ describe('@oncely/koa specifics', () => {
     expect(runs).toBe(1);
   });
 
+  test('a stream over maxBodyBytes that then yields a non-byte chunk: the response fails, no unhandled rejection', async () => {
+    // The real process's emitter: the test's `process` is a copy that does not hear Node's events.
+    const host = (inspect.constructor as FunctionConstructor)('return process')() as NodeJS.Process;
+    const escaped: unknown[] = [];
+    const onEscape = (error: unknown) => void escaped.push(error);
+    host.on('unhandledRejection', onEscape);
+    host.on('uncaughtException', onEscape);
+    try {
+      let runs = 0;
+      const app = appWith(
+        (ctx) => {
+          runs++;
+          ctx.type = 'application/octet-stream';
+          ctx.body = Readable.from([Buffer.alloc(3000), { not: 'bytes' }], { objectMode: true });
+        },
+        { maxBodyBytes: 1000 },
+      );
+      // Part of the body was sent: the response can only be cut short.
+      await expect(post(app, 'odd-chunk')).rejects.toThrow();
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      expect(escaped).toEqual([]);
+      // Recorded as executed: the retry gets a 410, and the handler does not run again.
+      const retry = await post(app, 'odd-chunk');
+      expect(retry.status).toBe(410);
+      expect(runs).toBe(1);
+    } finally {
+      host.off('unhandledRejection', onEscape);
+      host.off('uncaughtException', onEscape);
+    }
+  });
+
   test('ctx.respond = false (the handler writes ctx.res itself): kept as executed, never run twice', async () => {
     let runs = 0;
     const app = appWith((ctx) => {
@@ -608,3 +640,20 @@ async function abortedPost(app: Koa, key: string, ms: number): Promise<void> {
   await sleep(300);
   await new Promise((resolve) => server.close(resolve));
 }
+
+test('@oncely/koa exports scopeByHeader, which isolates API keys', async () => {
+  let runs = 0;
+  const app = appWith(
+    (ctx) => {
+      ctx.status = 201;
+      ctx.body = { run: ++runs };
+    },
+    { scope: scopeByHeader('x-api-key', { secret: 'adapter-test-secret-0123456789' }) },
+  );
+  const send = (apiKey: string) =>
+    request(app.callback()).post('/r').set('Idempotency-Key', 'same').set('x-api-key', apiKey).send({});
+  await send('k1').expect(201);
+  await send('k2').expect(201);
+  expect((await send('k1')).headers['idempotent-replayed']).toBe('true');
+  expect(runs).toBe(2);
+});
