@@ -368,3 +368,59 @@ describe('options are checked at construction', () => {
     expect(() => idempotentConsumer(admin, '', () => {})).toThrow(/option "queue"/);
   });
 });
+
+test.each([
+  [
+    'a key function that throws',
+    {
+      key: () => {
+        throw new Error('no key here');
+      },
+    },
+  ],
+  [
+    'a fingerprint function that throws',
+    {
+      fingerprint: () => {
+        throw new Error('no fingerprint here');
+      },
+    },
+  ],
+])('%s: the message is dead-lettered, never run nor acked as done, and logged', async (_label, options) => {
+  const { queue, dead } = await freshQueue(`throwing-${randomUUID().slice(0, 6)}`);
+  const warnings: string[] = [];
+  const log = (level: string) => (_obj: object, msg?: string) =>
+    void (level === 'warn' && warnings.push(msg ?? ''));
+  let runs = 0;
+  const c = await consume(queue, () => void runs++, {
+    store: newStore(),
+    logger: { debug: log('debug'), info: log('info'), warn: log('warn'), error: log('error') },
+    ...options,
+  });
+  await publish(queue, 'x', { messageId: 'm-1' });
+  await waitUntil(() => c.events.length === 1, 'settled');
+  expect(reasons(c.events)).toEqual(['dead-letter:invalid-key']);
+  expect(runs).toBe(0);
+  expect(warnings.some((w) => /dead-lettered/.test(w))).toBe(true);
+  await waitUntil(async () => (await admin.checkQueue(dead)).messageCount === 1, 'in the dead-letter queue');
+  await c.stop();
+  expect((await admin.checkQueue(queue)).messageCount).toBe(0);
+});
+
+test('hooks that throw change nothing: the message runs once and is acked', async () => {
+  const { queue } = await freshQueue('throwing-hooks');
+  const boom = () => {
+    throw new Error('metrics down');
+  };
+  let runs = 0;
+  const c = await consume(queue, () => void runs++, {
+    store: newStore(),
+    hooks: { onDecision: boom, onExecutionStart: boom, onExecutionEnd: boom, onComplete: boom },
+  });
+  await publish(queue, 'x', { messageId: 'h-1' });
+  await waitUntil(() => c.events.length === 1, 'settled');
+  expect(reasons(c.events)).toEqual(['ack:executed']);
+  expect(runs).toBe(1);
+  await c.stop();
+  expect((await admin.checkQueue(queue)).messageCount).toBe(0);
+});

@@ -370,3 +370,44 @@ describe('options are checked at construction', () => {
     expect((error as IdempotencyOptionsError).option).toBe(name);
   });
 });
+
+test.each([
+  [
+    'a key function that throws',
+    {
+      key: () => {
+        throw new Error('no key here');
+      },
+    },
+  ],
+  [
+    'a fingerprint function that throws',
+    {
+      key: { header: 'Idempotency-Key' },
+      fingerprint: () => {
+        throw new Error('no fingerprint here');
+      },
+    },
+  ],
+] as [string, NatsConsumerOptions][])(
+  '%s: the message is terminated, never run nor acked as done, and logged',
+  async (_label, options) => {
+    const label = `throwing-${randomUUID().slice(0, 6)}`;
+    const warnings: string[] = [];
+    const log = (level: string) => (_obj: object, msg?: string) =>
+      void (level === 'warn' && warnings.push(msg ?? ''));
+    let runs = 0;
+    const c = await consume(label, () => void runs++, {
+      store: newStore(),
+      logger: { debug: log('debug'), info: log('info'), warn: log('warn'), error: log('error') },
+      ...options,
+    });
+    await publish(label, 'x', { key: 'k-1' });
+    await waitUntil(() => c.events.length === 1, 'settled');
+    expect(reasons(c.events)).toEqual(['dead-letter:invalid-key']);
+    expect(runs).toBe(0);
+    expect(warnings.some((w) => /terminated/.test(w))).toBe(true);
+    await sleep(300);
+    expect(await pendingOf(label)).toEqual({ pending: 0, ackPending: 0 });
+  },
+);
