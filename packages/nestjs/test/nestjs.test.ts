@@ -494,8 +494,11 @@ describe.each(['express', 'fastify'] as const)('@oncely/nestjs on %s', (platform
       // And the records are in the module's store, which other processes share.
       expect(store.size).toBe(2);
       // A mark made only of a symbol key (what ...otel() gives) is the route's own.
-      await request(app.url).post('/inherit/observed').set('Idempotency-Key', key).send({}).expect(201);
-      await request(app.url).post('/inherit/observed').set('Idempotency-Key', key).send({}).expect(201);
+      // With its x-user: the module's scope refuses a request it would put in `user:undefined`.
+      const observed = () =>
+        request(app.url).post('/inherit/observed').set('Idempotency-Key', key).set('x-user', 'carol').send({});
+      await observed().expect(201);
+      await observed().expect(201);
       expect(decisions).toEqual(['executed', 'replayed']);
     });
 
