@@ -480,13 +480,82 @@ describe('a scope value with a missing value in it', () => {
     if (decision.action === 'respond') expect(decision.response.status).toBe(500);
   });
 
-  test.each(['user:42', 'tenant:undefinedness', 'anonymous', 'user:undefined_id'])(
-    '%p is a scope like any other',
-    async (value) => {
-      const engine = scoped(() => value);
-      expect((await engine.handle(request())).action).toBe('execute');
-    },
-  );
+  test.each([
+    'undefined',
+    'user:undefined',
+    'undefined:42',
+    'tenant/undefined/user/42',
+    'org|undefined',
+    'a.undefined.b',
+    'tenant=undefined;user=42',
+    'user undefined',
+    'tenant:[object Object]',
+    '[object Promise]',
+    'user:[object Map]:x',
+  ])('%p (a whole undefined segment, or [object X]) is refused', async (value) => {
+    const decision = await scoped(() => value).handle(request());
+    expect(decision.action === 'respond' && decision.response.status).toBe(500);
+  });
+
+  test.each([
+    'user:42',
+    'tenant:undefinedness',
+    'anonymous',
+    'user:undefined_id',
+    'user:undefined@example.com',
+    'tenant:undefined-labs',
+    'org-undefined',
+    'undefinedx:1',
+    'user:null',
+    'user:',
+    '[object]',
+  ])('%p is a scope like any other', async (value) => {
+    const engine = scoped(() => value);
+    expect((await engine.handle(request())).action).toBe('execute');
+  });
+
+  test('without a logger, the refusal is a process warning ONCELY_SCOPE_UNSET, once per engine', async () => {
+    const emitWarning = jest.spyOn(process, 'emitWarning').mockImplementation(() => {});
+    try {
+      const engine = scoped((req) => `user:${req.user?.id}`);
+      for (const key of ['k1', 'k2', 'k3']) {
+        const decision = await engine.handle({ ...input(key), request: {} });
+        expect(decision.action === 'respond' && decision.response.status).toBe(500);
+      }
+      const calls = emitWarning.mock.calls as [string, { code: string }][];
+      expect(calls).toHaveLength(1);
+      expect(calls[0]?.[1].code).toBe('ONCELY_SCOPE_UNSET');
+      expect(calls[0]?.[0]).toMatch(/"user:undefined"/);
+      // Another engine says it again: once per middleware, not once per process.
+      await scoped((req) => `user:${req.user?.id}`).handle({ ...input('k4'), request: {} });
+      expect(emitWarning).toHaveBeenCalledTimes(2);
+    } finally {
+      emitWarning.mockRestore();
+    }
+  });
+
+  test('with a logger, each refusal is an error line and no process warning', async () => {
+    const emitWarning = jest.spyOn(process, 'emitWarning').mockImplementation(() => {});
+    const errors: string[] = [];
+    const logger = {
+      debug() {},
+      info() {},
+      warn() {},
+      error: (_fields: object, message?: string) => errors.push(message ?? ''),
+    };
+    try {
+      const engine = new Idempotency<{ user?: { id?: unknown } }>({
+        scope: (req) => `user:${req.user?.id}`,
+        logger,
+      });
+      for (const key of ['k1', 'k2']) await engine.handle({ ...input(key), request: {} });
+      expect(errors).toHaveLength(2);
+      expect(errors[0]).toMatch(/"user:undefined".*refused/);
+      expect(emitWarning).not.toHaveBeenCalled();
+    } finally {
+      emitWarning.mockRestore();
+    }
+  });
 });
 
 describe('replays', () => {

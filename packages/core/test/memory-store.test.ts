@@ -216,3 +216,61 @@ test('keys() lists the records held, leaving out those whose time ran out', asyn
   await new Promise((resolve) => setTimeout(resolve, 10));
   expect([...store.keys()]).toEqual(['long']);
 });
+
+describe('MemoryStore under jest fake timers (what docs/options.md tells users)', () => {
+  const lock = { fingerprint: 'f', lockTimeoutMs: 30_000 };
+  const response = { status: 201, headers: {}, body: Buffer.from('ok') };
+  async function completed(store: MemoryStore, key: string, ttlMs: number): Promise<void> {
+    const acquired = await store.acquire(key, lock);
+    if (acquired.status !== 'acquired') throw new Error('expected a new key');
+    await store.complete(key, acquired.token, response, ttlMs);
+  }
+
+  afterEach(() => {
+    jest.useRealTimers();
+  });
+
+  test('with every timer faked, a store call answers only when fake time moves (it answers on setImmediate)', async () => {
+    jest.useFakeTimers();
+    const store = new MemoryStore();
+    let answered = false;
+    const pending = store.acquire('k', lock).then((result) => {
+      answered = true;
+      return result;
+    });
+    for (let i = 0; i < 10; i++) await Promise.resolve();
+    expect(answered).toBe(false);
+    jest.advanceTimersByTime(0);
+    expect((await pending).status).toBe('acquired');
+    await store.close();
+  });
+
+  test('jest.setSystemTime does not expire a record: ttl follows performance.now, which it leaves alone', async () => {
+    jest.useFakeTimers({ doNotFake: ['setImmediate'] });
+    const store = new MemoryStore();
+    await completed(store, 'k', 1000);
+    jest.setSystemTime(Date.now() + 60_000);
+    expect((await store.acquire('k', lock)).status).toBe('completed');
+    await store.close();
+  });
+
+  test('jest.advanceTimersByTime expires it: modern fake timers fake performance.now too', async () => {
+    jest.useFakeTimers({ doNotFake: ['setImmediate'] });
+    const store = new MemoryStore();
+    await completed(store, 'k', 1000);
+    jest.advanceTimersByTime(999);
+    expect((await store.acquire('k', lock)).status).toBe('completed');
+    jest.advanceTimersByTime(2);
+    expect((await store.acquire('k', lock)).status).toBe('acquired');
+    await store.close();
+  });
+
+  test("with doNotFake: ['performance'] too, advancing fake time expires nothing", async () => {
+    jest.useFakeTimers({ doNotFake: ['setImmediate', 'performance'] });
+    const store = new MemoryStore();
+    await completed(store, 'k', 1000);
+    jest.advanceTimersByTime(60_000);
+    expect((await store.acquire('k', lock)).status).toBe('completed');
+    await store.close();
+  });
+});

@@ -204,27 +204,36 @@ function stepAsideOrRefuse(
   send(res, refusal.response);
 }
 
-const PARSED_TYPES = /^application\/(?:[\w.+-]*\+)?json|^application\/x-www-form-urlencoded/i;
-
 /**
  * The body a parser left on `req.body`, or `undefined` when none parsed it. Express 4's parsers (body-parser 1)
- * set `req.body = {}` for a content type they skip, without their `_body` mark: hashing that `{}` would make every
- * text, raw or multipart body look alike, so it counts as not parsed (and the warning says so), as Express 5 leaves
- * `req.body` undefined.
+ * set `req.body = {}` even for a request they skip (another content type, a parser mounted only on the route), and
+ * mark the ones they parse with `req._body`. An empty `{}` without that mark, on a request with a body that nobody
+ * has read, was parsed by no one: hashing it would make every such body look alike (a reused key with another body
+ * replayed instead of refused), so it counts as not parsed and the warning says so, as Express 5 leaves
+ * `req.body` undefined. Express 5's parsers set no mark but read the body before setting `req.body`.
  */
 function parsedBody(req: Request): unknown {
   const body: unknown = req.body;
   if (
     typeof body === 'object' &&
     body !== null &&
-    Object.getPrototypeOf(body) === Object.prototype &&
     (req as { _body?: unknown })._body !== true &&
+    Object.getPrototypeOf(body) === Object.prototype &&
     Object.keys(body).length === 0 &&
-    !PARSED_TYPES.test(req.headers['content-type'] ?? '')
+    !req.readableEnded &&
+    hasBody(req.headers)
   ) {
     return undefined;
   }
   return body;
+}
+
+/** Whether the request says it carries a body (what body-parser checks before reading). */
+function hasBody(headers: Request['headers']): boolean {
+  return (
+    headers['transfer-encoding'] !== undefined ||
+    (headers['content-length'] !== undefined && headers['content-length'] !== '0')
+  );
 }
 
 /**

@@ -164,6 +164,38 @@ describe.each(versions)('%s specifics', (_name, expressModule) => {
     expect(unparsed()).toHaveLength(1);
   });
 
+  test('a JSON body that only a route-level express.json() parses counts as not parsed: the warning says so', async () => {
+    const logger = recordingLogger();
+    const app = expressModule();
+    // Skips JSON; on Express 4 it still leaves req.body = {} (without its _body mark).
+    app.use(expressModule.urlencoded({ extended: false }));
+    app.use(idempotency({ logger, scope: false }));
+    app.post('/charges', expressModule.json(), (req, res) => void res.status(201).json({ got: req.body }));
+    const unparsed = () =>
+      logger.lines.filter((l) => l.level === 'warn' && /was not parsed/.test(l.msg ?? ''));
+    await request(app).post('/charges').set('Idempotency-Key', 'k').send({ amount: 1 }).expect(201);
+    expect(unparsed()).toHaveLength(1);
+  });
+
+  test('a JSON {} parsed before oncely, or a request without a body, is no unparsed body', async () => {
+    const logger = recordingLogger();
+    const app = expressModule();
+    app.use(expressModule.urlencoded({ extended: false }));
+    app.use(expressModule.json());
+    app.use(idempotency({ logger, scope: false }));
+    app.post('/charges', (req, res) => void res.status(201).json({ got: req.body }));
+    await request(app).post('/charges').set('Idempotency-Key', 'e').send({}).expect(201);
+    await request(app).post('/charges').set('Idempotency-Key', 'n').expect(201);
+    await request(app).post('/charges').set('Idempotency-Key', 'j').type('application/json').expect(201);
+    expect(logger.lines.filter((l) => l.level === 'warn' && /was not parsed/.test(l.msg ?? ''))).toHaveLength(
+      0,
+    );
+    // The parsed {} is fingerprinted as {}: the same key with another body is refused.
+    await request(app).post('/charges').set('Idempotency-Key', 'e').send({ amount: 1 }).expect(422);
+    const replay = await request(app).post('/charges').set('Idempotency-Key', 'e').send({});
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+  });
+
   test('with the text parser before oncely, a reused key with another text body gets 422', async () => {
     const app = expressModule();
     app.use(expressModule.json());

@@ -135,24 +135,27 @@ function stepAsideOrRefuse(
   return Promise.resolve();
 }
 
-const PARSED_TYPES =
-  /^application\/(?:[\w.+-]*\+)?json|^application\/x-www-form-urlencoded|^multipart\/form-data/i;
-
 /**
- * The body a parser left on `ctx.request.body`, or `undefined` when none parsed it. @koa/bodyparser sets `{}`, with
- * no `rawBody`, for a content type it does not parse (text, by default): hashing that `{}` would make two different
- * bodies look alike, so it counts as not parsed (and the warning says so).
+ * The body a parser left on `ctx.request.body`, or `undefined` when none parsed it. @koa/bodyparser (and
+ * koa-bodyparser) sets `{}`, with no `rawBody`, for a content type it does not parse (text by default, JSON too when
+ * `enableTypes` leaves it out), and marks what it parses with `rawBody`. An empty `{}` without that mark, on a
+ * request with a body that nobody has read, was parsed by no one: hashing it would make every such body look alike
+ * (a reused key with another body replayed instead of refused), so it counts as not parsed and the warning says so.
+ * Parsers that set no `rawBody` (koa-body) read the body before setting it.
  */
 function parsedBody(ctx: Context): unknown {
   const request = ctx.request as { body?: unknown; rawBody?: unknown };
   const body = request.body;
+  const headers = ctx.req.headers;
   if (
     request.rawBody === undefined &&
     typeof body === 'object' &&
     body !== null &&
     Object.getPrototypeOf(body) === Object.prototype &&
     Object.keys(body).length === 0 &&
-    !PARSED_TYPES.test(ctx.req.headers['content-type'] ?? '')
+    !ctx.req.readableEnded &&
+    (headers['transfer-encoding'] !== undefined ||
+      (headers['content-length'] !== undefined && headers['content-length'] !== '0'))
   ) {
     return undefined;
   }

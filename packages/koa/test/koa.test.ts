@@ -266,6 +266,39 @@ describe('@oncely/koa specifics', () => {
     expect(parsedRuns).toBe(1);
   });
 
+  test('a JSON body a parser without JSON left as {}: one warning, and {} is not taken for the body', async () => {
+    const logger = recordingLogger();
+    const app = new Koa();
+    app.use(bodyParser({ enableTypes: ['form'] }));
+    app.use(idempotency({ logger }));
+    app.use((ctx) => {
+      ctx.body = { ok: true };
+    });
+    await request(app.callback()).post('/r').set('Idempotency-Key', 'j').send({ amount: 1 }).expect(200);
+    expect(logger.lines.filter((l) => l.level === 'warn' && /was not parsed/.test(l.msg ?? ''))).toHaveLength(
+      1,
+    );
+  });
+
+  test('a JSON {} the parser read, or a request without a body, is no unparsed body', async () => {
+    const logger = recordingLogger();
+    const app = new Koa();
+    app.use(bodyParser());
+    app.use(idempotency({ logger }));
+    app.use((ctx) => {
+      ctx.body = { got: ctx.request.body };
+    });
+    const post = (key: string) => request(app.callback()).post('/r').set('Idempotency-Key', key);
+    await post('e').send({}).expect(200);
+    await post('n').expect(200);
+    await post('t').type('text/plain').expect(200);
+    expect(logger.lines.filter((l) => l.level === 'warn' && /was not parsed/.test(l.msg ?? ''))).toHaveLength(
+      0,
+    );
+    await post('e').send({ amount: 1 }).expect(422);
+    expect((await post('e').send({})).headers['idempotent-replayed']).toBe('true');
+  });
+
   test('a thrown error releases the key and goes on to the error handling; a retry runs again', async () => {
     let runs = 0;
     const app = new Koa();

@@ -57,6 +57,42 @@ describe('the client is detected, and anything else is refused with the fix', ()
   });
 });
 
+describe.each(CLIENT_KINDS.map((kind) => [kind.name, kind] as const))(
+  'the Redis key on a standalone server, through %s',
+  (_name, kind) => {
+    const lock = { fingerprint: 'f', lockTimeoutMs: 30_000 };
+
+    test.each([
+      ['an unbraced key', 'user-1 k1'],
+      ['a braced key', '{one}k2'],
+      ['a scope holding a brace', 'tenant:{acme} k3'],
+      ['a lone closing brace', 'user} k4'],
+    ])('%s is stored as prefix + key: no digest tag where there are no slots', async (_what, key) => {
+      const connected = await kind.standalone(url);
+      const raw = new Redis(url);
+      const layout = `${prefix}layout:${randomUUID()}:`;
+      try {
+        const store = new RedisStore({ client: connected.client, prefix: layout });
+        expect((await store.acquire(key, lock)).status).toBe('acquired');
+        expect(await raw.keys(`${layout}*`)).toEqual([layout + key]);
+        await store.close();
+      } finally {
+        await raw.quit();
+        await connected.close();
+      }
+    });
+  },
+);
+
+test.each(['app{}:', '{}', 'a{}{b}:'])(
+  'a prefix with an empty hash tag (%p) is refused, naming "prefix"',
+  (bad) => {
+    const client = new Redis(url, { lazyConnect: true });
+    expect(() => new RedisStore({ client, prefix: bad })).toThrow(/option "prefix".*empty hash tag/);
+    client.disconnect();
+  },
+);
+
 describe('RedisStore coalesceWrites', () => {
   const lock = { fingerprint: 'f', lockTimeoutMs: 30_000 };
 

@@ -209,8 +209,8 @@ export class Idempotency<Req = unknown> {
           );
         }
         if (looksUnset(scope)) {
-          throw new TypeError(
-            `scope() returned ${JSON.stringify(scope.length > 80 ? `${scope.slice(0, 80)}…` : scope)}, which holds what a template literal makes of a missing value (undefined, or an object): every request without it would share one scope. Give those requests a scope of their own (req.user ? \`user:\${req.user.id}\` : 'anonymous') or make the scope function throw`,
+          throw new UnsetScopeError(
+            `oncely: scope() returned ${JSON.stringify(scope.length > 80 ? `${scope.slice(0, 80)}…` : scope)}, which holds what a template literal makes of a missing value (a segment \`undefined\`, or \`[object Object]\`): every request without it would share one scope, so it was refused (500). Give those requests a scope of their own (req.user ? \`user:\${req.user.id}\` : 'anonymous') or make the scope function throw`,
           );
         }
         key = `${scope} ${clientKey}`;
@@ -222,7 +222,17 @@ export class Idempotency<Req = unknown> {
             ? defaultFingerprint(input.method, input.url, input.body)
             : asStoredFingerprint(o.fingerprint(input.request));
     } catch (error) {
-      log.error({ err: error }, 'oncely: the scope or fingerprint function threw');
+      if (error instanceof UnsetScopeError) {
+        // A wiring mistake that fails every such request: heard without a logger too (once per engine).
+        tell(
+          log,
+          'error',
+          'ONCELY_SCOPE_UNSET',
+          { err: error },
+          log === silentLogger ? `${error.message}. Said once; give a logger to see each.` : error.message,
+          this.#warned,
+        );
+      } else log.error({ err: error }, 'oncely: the scope or fingerprint function threw');
       return this.#problem(
         500,
         'internal',
@@ -858,14 +868,24 @@ function omittedReplay(status: number): StoredResponse {
   );
 }
 
-const UNSET_IN_SCOPE = /(?:^|[^\w$])undefined(?![\w$])|\[object \w*\]/;
+/**
+ * `undefined` as a whole segment, between separators (`:` `/` `|` `.` `,` `;` `=` `#`, whitespace) or the ends of
+ * the scope, or `[object Object]`-style text: what a template literal makes of a missing value. `-`, `_` and `@` are
+ * not separators, since they join the parts of a real name (`undefined-labs`, `undefined@example.com`).
+ */
+const UNSET_IN_SCOPE = /(?:^|[:/|.,;=#\s])undefined(?=$|[:/|.,;=#\s])|\[object [A-Za-z]\w*\]/;
 
 /**
- * Whether a scope holds `undefined` as a word, or `[object Object]`: what `user:${req.user?.id}` gives a request
- * without a user, which would put every such request in one scope. A cheap `includes` first: scopes rarely match.
+ * Whether a scope holds what `user:${req.user?.id}` gives a request without a user, which would put every such
+ * request in one scope. A cheap `includes` first: scopes rarely match.
  */
 function looksUnset(scope: string): boolean {
   return (scope.includes('undefined') || scope.includes('[object ')) && UNSET_IN_SCOPE.test(scope);
+}
+
+/** A scope refused by `looksUnset`: reported as a wiring mistake, not as a scope function that threw. */
+class UnsetScopeError extends TypeError {
+  override name = 'UnsetScopeError';
 }
 
 function sleep(ms: number): Promise<void> {
