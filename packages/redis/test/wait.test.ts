@@ -5,6 +5,7 @@ import { idempotency } from '@oncely/express';
 import { type PrivateRedis, startRedis } from '@oncely/testing';
 import express from 'express';
 import Redis from 'ioredis';
+import Redis6 from 'ioredis-6';
 import request from 'supertest';
 import { RedisStore } from '../src';
 import { CLIENT_KINDS } from './clients';
@@ -122,4 +123,55 @@ test('after close(), waitFor sleeps out its slice instead of returning at once (
   await store.waitFor('k', 400);
   // At once, the engine would ask the store again straight away, thousands of times a second.
   expect(Date.now() - started).toBeGreaterThanOrEqual(350);
+});
+
+// A client made with `lazyConnect: true` (connected by its first command, or by `connect()`) hands that option to
+// its duplicate: the subscriber must be connected by the store, or waiters only wake at the end of their slice.
+describe.each([
+  [
+    'ioredis 5',
+    (
+      url: string,
+      options: { lazyConnect: boolean; enableOfflineQueue: boolean; maxRetriesPerRequest: number },
+    ) => new Redis(url, options),
+  ],
+  [
+    'ioredis 6',
+    (
+      url: string,
+      options: { lazyConnect: boolean; enableOfflineQueue: boolean; maxRetriesPerRequest: number },
+    ) => new Redis6(url, options) as unknown as Redis,
+  ],
+] as const)('%s subscriber', (name, createClient) => {
+  test.each([[true], [false]])(
+    'lazyConnect: %s: a waiter wakes on the completion, not at its timeout',
+    async (lazyConnect) => {
+      const lazy = createClient(redis.url, {
+        lazyConnect,
+        enableOfflineQueue: false,
+        maxRetriesPerRequest: 1,
+      });
+      const store = new RedisStore({ client: lazy, prefix: `lazy-${name.at(-1)}-${lazyConnect}:` });
+      try {
+        await lazy.connect().catch(() => {}); // connected by hand when lazy, as the example does; a no-op otherwise
+        if (lazy.status !== 'ready') await new Promise((resolve) => lazy.once('ready', resolve));
+        const acquired = await store.acquire('k', { fingerprint: 'f', lockTimeoutMs: 30_000 });
+        if (acquired.status !== 'acquired') throw new Error('expected to acquire');
+        const started = Date.now();
+        const woken = store.waitFor('k', 20_000).then(() => Date.now() - started);
+        await new Promise((resolve) => setTimeout(resolve, 300));
+        await store.complete(
+          'k',
+          acquired.token,
+          { status: 201, headers: {}, body: new Uint8Array() },
+          60_000,
+        );
+        // Woken by the message: long before the 20 s slice a waiter without a subscriber sleeps out.
+        expect(await woken).toBeLessThan(10_000);
+      } finally {
+        await store.close();
+        lazy.disconnect();
+      }
+    },
+  );
 });

@@ -1,4 +1,5 @@
 import type { Socket } from 'node:net';
+import { untilFirstConnection } from './first-connection';
 import type { RedisConnection, ScriptArgument } from './types';
 
 /** The part of an ioredis `Redis` or `Cluster` (5 or 6) the store uses. */
@@ -6,7 +7,9 @@ interface IoredisLike {
   duplicate(): IoredisLike;
   on(event: string, listener: (...args: never[]) => void): unknown;
   once(event: string, listener: (...args: never[]) => void): unknown;
+  removeListener(event: string, listener: (...args: never[]) => void): unknown;
   subscribe(channel: string): Promise<unknown>;
+  connect(): Promise<unknown>;
   disconnect(): void;
   del(key: string): Promise<number>;
   wait(replicas: number, timeoutMs: number): Promise<number>;
@@ -49,16 +52,59 @@ export function autoPipelinesScriptsOnCluster(client: object): boolean {
   return !(Array.isArray(ignored) && ignored.includes('evalsha') && ignored.includes('eval'));
 }
 
+interface IoredisOptions {
+  enableOfflineQueue?: unknown;
+  commandTimeout?: unknown;
+  connectTimeout?: unknown;
+  /** A Cluster's options for its node connections. */
+  redisOptions?: { commandTimeout?: unknown };
+}
+
+const CONNECTING = new Set(['wait', 'connecting', 'connect', 'reconnecting']);
+
+/** ioredis's own connect timeout when none is set: the bound of the first connection's wait without a command timeout. */
+const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
+
+const positive = (value: unknown): number | undefined =>
+  typeof value === 'number' && Number.isFinite(value) && value > 0 ? value : undefined;
+
+/** Runs commands once the client has first connected, when its offline queue is off (it queues them itself otherwise). */
+function firstConnectionGate(redis: IoredisLike): <T>(send: () => Promise<T>) => Promise<T> {
+  const options = (redis as { options?: IoredisOptions }).options;
+  if (options?.enableOfflineQueue !== false) return (send) => send();
+  const boundMs =
+    positive(options.commandTimeout) ??
+    positive(options.redisOptions?.commandTimeout) ??
+    positive(options.connectTimeout) ??
+    DEFAULT_CONNECT_TIMEOUT_MS;
+  return untilFirstConnection(
+    {
+      isReady: () => redis.status === 'ready',
+      isConnecting: () => redis.status !== undefined && CONNECTING.has(redis.status),
+      // As ioredis does itself for a command sent to a `lazyConnect` client.
+      start: () => {
+        if (redis.status === 'wait') redis.connect().catch(() => {});
+      },
+      onceReady(listener) {
+        redis.once('ready', listener);
+        return () => redis.removeListener('ready', listener);
+      },
+    },
+    boundMs,
+  );
+}
+
 export function ioredisConnection(client: object): RedisConnection {
   const redis = client as IoredisLike;
+  const connected = firstConnectionGate(redis);
   return {
     library: 'ioredis',
-    evalsha: (sha, key, args) => redis.evalshaBuffer(sha, 1, key, ...args),
-    eval: (lua, key, args) => redis.evalBuffer(lua, 1, key, ...args),
-    reserve: (key, value, pxMs) => redis.setBuffer(key, value, 'PX', pxMs, 'NX', 'GET'),
+    evalsha: (sha, key, args) => connected(() => redis.evalshaBuffer(sha, 1, key, ...args)),
+    eval: (lua, key, args) => connected(() => redis.evalBuffer(lua, 1, key, ...args)),
+    reserve: (key, value, pxMs) => connected(() => redis.setBuffer(key, value, 'PX', pxMs, 'NX', 'GET')),
     cluster: typeof redis.nodes === 'function',
-    wait: (replicas, timeoutMs) => redis.wait(replicas, timeoutMs),
-    del: (key) => redis.del(key),
+    wait: (replicas, timeoutMs) => connected(() => redis.wait(replicas, timeoutMs)),
+    del: (key) => connected(() => redis.del(key)),
     subscribe(channel, onMessage) {
       const subscriber = redis.duplicate();
       // Without a listener ioredis would print every reconnection error; waiters already degrade to polling.
@@ -75,7 +121,17 @@ export function ioredisConnection(client: object): RedisConnection {
       const ready = new Promise<void>((resolve) => subscriber.once('ready', () => resolve())).then(() =>
         subscriber.subscribe(channel).then(() => undefined),
       );
+      // A client made with `lazyConnect: true` passes it on: nothing would ever connect the duplicate. A failed
+      // attempt is retried by ioredis itself, and the waiter's timeout bounds the wait meanwhile.
+      if (subscriber.status === 'wait') subscriber.connect().catch(() => {});
       return { ready, close: () => subscriber.disconnect() };
+    },
+    sideConnection() {
+      const side = redis.duplicate();
+      side.on('error', () => {}); // reconnection noise: the store retries what fails
+      const ready = new Promise<void>((resolve) => side.once('ready', () => resolve()));
+      if (side.status === 'wait') side.connect().catch(() => {});
+      return { connection: ioredisConnection(side), ready, close: () => side.disconnect() };
     },
     corkableSockets() {
       // While connecting, ioredis queues commands itself: nothing to cork.

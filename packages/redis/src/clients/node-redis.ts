@@ -1,4 +1,5 @@
 import type { Socket } from 'node:net';
+import { untilFirstConnection } from './first-connection';
 import type { RedisConnection, ScriptArgument } from './types';
 
 type CommandArguments = (string | Buffer)[];
@@ -10,6 +11,48 @@ interface CommandOptions {
 interface NodeRedisClientLike {
   sendCommand(args: CommandArguments, options?: CommandOptions): Promise<unknown>;
   duplicate(): NodeRedisSubscriber;
+}
+
+/** What a node-redis client (not a cluster) tells of its connection. */
+interface NodeRedisConnectionState {
+  readonly isOpen: boolean;
+  readonly isReady: boolean;
+  readonly options?: {
+    disableOfflineQueue?: unknown;
+    commandOptions?: { timeout?: unknown };
+    socket?: { connectTimeout?: unknown };
+  };
+  once(event: 'ready', listener: () => void): unknown;
+  removeListener(event: 'ready', listener: () => void): unknown;
+}
+
+/** node-redis's own connect timeout when none is set. */
+const DEFAULT_CONNECT_TIMEOUT_MS = 5000;
+
+const positive = (value: unknown): number | undefined =>
+  typeof value === 'number' && Number.isFinite(value) && value > 0 ? value : undefined;
+
+/**
+ * With `disableOfflineQueue`, a client whose `connect()` was called but not yet done refuses commands: until it has
+ * been ready once, they wait for it. A client never opened is the user's to connect: its commands fail at once.
+ */
+function firstConnectionGate(client: object, cluster: boolean): <T>(send: () => Promise<T>) => Promise<T> {
+  const state = client as NodeRedisConnectionState;
+  if (cluster || state.options?.disableOfflineQueue !== true) return (send) => send();
+  return untilFirstConnection(
+    {
+      isReady: () => state.isReady,
+      isConnecting: () => state.isOpen && !state.isReady,
+      start: () => {},
+      onceReady(listener) {
+        state.once('ready', listener);
+        return () => state.removeListener('ready', listener);
+      },
+    },
+    positive(state.options.commandOptions?.timeout) ??
+      positive(state.options.socket?.connectTimeout) ??
+      DEFAULT_CONNECT_TIMEOUT_MS,
+  );
 }
 
 /** The part of a node-redis cluster (`createCluster()`) the store uses. */
@@ -55,11 +98,12 @@ const NONE: readonly Socket[] = [];
 export function nodeRedisConnection(client: object): RedisConnection {
   // A cluster routes by key: sendCommand(firstKey, isReadonly, args); a client takes the args alone.
   const cluster = 'masters' in client;
+  const connected = firstConnectionGate(client, cluster);
   const send = cluster
     ? (key: string, args: CommandArguments) =>
         (client as unknown as NodeRedisClusterLike).sendCommand(key, false, args, BUFFER_REPLIES)
     : (_key: string, args: CommandArguments) =>
-        (client as unknown as NodeRedisClientLike).sendCommand(args, BUFFER_REPLIES);
+        connected(() => (client as unknown as NodeRedisClientLike).sendCommand(args, BUFFER_REPLIES));
   const script = (
     command: 'EVALSHA' | 'EVAL',
     body: string,
@@ -78,11 +122,13 @@ export function nodeRedisConnection(client: object): RedisConnection {
     cluster,
     wait: async (replicas, timeoutMs) =>
       Number(
-        await (client as unknown as NodeRedisClientLike).sendCommand([
-          'WAIT',
-          String(replicas),
-          String(timeoutMs),
-        ]),
+        await connected(() =>
+          (client as unknown as NodeRedisClientLike).sendCommand([
+            'WAIT',
+            String(replicas),
+            String(timeoutMs),
+          ]),
+        ),
       ),
     del: async (key) => Number(await send(key, ['DEL', key])),
     subscribe(channel, onMessage) {
@@ -105,6 +151,23 @@ export function nodeRedisConnection(client: object): RedisConnection {
         return subscriber.subscribe(channel, onMessage);
       });
       return { ready, close };
+    },
+    sideConnection() {
+      const side = (client as unknown as NodeRedisClientLike).duplicate();
+      side.on('error', () => {}); // connection errors: the store retries what fails
+      let closed = false;
+      const ready = side.connect().then(() => undefined);
+      ready.catch(() => {}); // awaited with a bound by the store; a failed connection is replaced
+      const close = () => {
+        if (closed) return;
+        closed = true;
+        try {
+          side.destroy();
+        } catch {
+          // never connected: nothing to close
+        }
+      };
+      return { connection: nodeRedisConnection(side), ready, close };
     },
     // node-redis writes the commands of one event-loop turn together by itself.
     corkableSockets: () => NONE,
