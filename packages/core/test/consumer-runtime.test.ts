@@ -350,3 +350,34 @@ describe('consumerRuntime: what the work throws is the work failing, whatever it
     expect(errors).toContain('oncely: onSettled rejected; ignored');
   });
 });
+
+describe('without a logger, what the user must see is a process warning, once per kind', () => {
+  const warningsOf = (emitWarning: jest.SpyInstance, code: string): string[] =>
+    emitWarning.mock.calls
+      .filter((call) => (call[1] as { code?: string } | undefined)?.code === code)
+      .map((call) => String(call[0]));
+
+  test("messages run unprotected (onMissingKey: 'process') and a hook that throws", async () => {
+    const emitWarning = jest.spyOn(process, 'emitWarning').mockImplementation(() => {});
+    try {
+      const runtime = runtimeWith({
+        onMissingKey: 'process',
+        hooks: {
+          onExecutionStart: () => {
+            throw new Error('metrics client not started');
+          },
+        },
+      });
+      for (let i = 0; i < 3; i++) await runtime.decide({ body: 'x' }, 0, () => {});
+      for (const id of ['m1', 'm2']) await runtime.decide({ id, body: 'x' }, 0, () => {});
+      expect(warningsOf(emitWarning, 'ONCELY_MESSAGE_WITHOUT_KEY')).toEqual([
+        expect.stringMatching(/WITHOUT protection \(onMissingKey: 'process'\)/),
+      ]);
+      expect(warningsOf(emitWarning, 'ONCELY_HOOK_THREW')).toEqual([
+        expect.stringMatching(/onExecutionStart hook threw \(metrics client not started\)/),
+      ]);
+    } finally {
+      emitWarning.mockRestore();
+    }
+  });
+});

@@ -133,6 +133,17 @@ const KNOWN_OPTIONS = new Set([
   'hooks',
 ]);
 
+/**
+ * Options whose type declares `serialize` without saying whether it is set (a variable typed `IdempotentOptions`):
+ * the result is then `fn`'s own type or its JSON form. Options written without `serialize` take the JSON overload,
+ * so that a result JSON cannot carry stays a compile error there.
+ */
+type SerializeMaybeSet<O> = 'serialize' extends keyof O
+  ? unknown
+  : {
+      readonly 'oncely: without a serialize option the result is stored as JSON; overload 2 says what stops it': true;
+    };
+
 /** The default `isPermanent`: a `PermanentError`. */
 export const defaultIsPermanent = (error: unknown): boolean => error instanceof PermanentError;
 
@@ -149,6 +160,8 @@ export const defaultIsPermanent = (error: unknown): boolean => error instanceof 
  * a function-valued own property, more than `maxResultBytes`) is found only after `fn` ran: the call throws
  * `UnstorableResultError` and the key is recorded as executed, so `fn` never runs twice. With a `serialize` option,
  * any result type is accepted, the first call gets `fn`'s own value and duplicates get `deserialize()`'s.
+ * Options in a variable typed `IdempotentOptions` may or may not hold a `serialize`: the call then resolves to
+ * `R | Jsonified<R>`.
  *
  * Options are checked here, once; mistakes throw `IdempotencyOptionsError`.
  */
@@ -160,6 +173,10 @@ export function idempotent<Args extends unknown[], R>(
   fn: (...args: Args) => (R & JsonStorable<R>) | Promise<R & JsonStorable<R>>,
   options: IdempotentOptions<Args, R> & { serialize?: undefined },
 ): (...args: Args) => Promise<Jsonified<R>>;
+export function idempotent<Args extends unknown[], R, O extends IdempotentOptions<Args, R>>(
+  fn: (...args: Args) => R | Promise<R>,
+  options: O & SerializeMaybeSet<O>,
+): (...args: Args) => Promise<R | Jsonified<R>>;
 export function idempotent<Args extends unknown[], R>(
   fn: (...args: Args) => R | Promise<R>,
   options: IdempotentOptions<Args, R>,
@@ -184,6 +201,10 @@ export function idempotentOutcome<Args extends unknown[], R>(
   fn: (...args: Args) => (R & JsonStorable<R>) | Promise<R & JsonStorable<R>>,
   options: IdempotentOptions<Args, R> & { serialize?: undefined },
 ): (...args: Args) => Promise<IdempotentOutcome<Jsonified<R>>>;
+export function idempotentOutcome<Args extends unknown[], R, O extends IdempotentOptions<Args, R>>(
+  fn: (...args: Args) => R | Promise<R>,
+  options: O & SerializeMaybeSet<O>,
+): (...args: Args) => Promise<IdempotentOutcome<R | Jsonified<R>>>;
 export function idempotentOutcome<Args extends unknown[], R>(
   fn: (...args: Args) => R | Promise<R>,
   options: IdempotentOptions<Args, R>,

@@ -16,6 +16,7 @@ import {
   type ObservableOptions,
   observedStore,
 } from '../shared/observe';
+import { tell, tellHookThrew, type WarningCode } from '../shared/warnings';
 import type { IdempotencyStore, TransactionalIdempotencyStore } from '../stores/store';
 import {
   IdempotencyInProgressError,
@@ -321,6 +322,8 @@ export function consumerRuntime<M>(
     }
   }
   const log = options.logger === undefined ? silentLogger : checkLogger(options.logger);
+  // The process warnings this handler already emitted (without a logger): said once each.
+  const warned = new Set<WarningCode>();
   const policy = resolveConsumerRetryPolicy(options, log);
   const processWithoutKey = checkOnMissingKey(options.onMissingKey);
   const fingerprint = options.fingerprint;
@@ -345,7 +348,7 @@ export function consumerRuntime<M>(
         key === undefined ? { adapter: 'consumer', outcome } : { adapter: 'consumer', outcome, key },
       );
     } catch (error) {
-      log.error({ err: error, hook: 'onDecision' }, 'oncely: a hook threw; ignored');
+      tellHookThrew(log, 'onDecision', error, warned);
     }
   };
   const rejected = (): void => decided('rejected');
@@ -353,7 +356,7 @@ export function consumerRuntime<M>(
     try {
       hooks?.[name]?.(event);
     } catch (error) {
-      log.error({ err: error, hook: name }, 'oncely: a hook threw; ignored');
+      tellHookThrew(log, name, error, warned);
     }
   };
   // The transactional path's store timings and executions in flight, as idempotent() reports the plain path's.
@@ -367,7 +370,7 @@ export function consumerRuntime<M>(
           try {
             onStoreOperation(event);
           } catch (error) {
-            log.error({ err: error, hook: 'onStoreOperation' }, 'oncely: a hook threw; ignored');
+            tellHookThrew(log, 'onStoreOperation', error, warned);
           }
         });
         observed = { given: store, wrapped };
@@ -498,7 +501,16 @@ export function consumerRuntime<M>(
           rejected();
           return { key: undefined, settlement: { action: 'dead-letter', reason: 'missing-key' } };
         }
-        log.warn({}, 'oncely: message without an idempotency key processed WITHOUT protection');
+        tell(
+          log,
+          'warn',
+          'ONCELY_MESSAGE_WITHOUT_KEY',
+          {},
+          log === silentLogger
+            ? "oncely: message without an idempotency key processed WITHOUT protection (onMissingKey: 'process'). Said once; give a logger to see each."
+            : 'oncely: message without an idempotency key processed WITHOUT protection',
+          warned,
+        );
         try {
           const value = await work();
           return {
