@@ -174,6 +174,40 @@ describe('transactional mode over HTTP (Express)', () => {
     expect(res.text).toMatch(/transactional: true/);
   });
 
+  test('a request without a key is a 400 key-missing problem: the handler, which needs the transaction, never runs', async () => {
+    // The shape of the package README's example: a route-level middleware, no `required`.
+    const app = express();
+    app.use(express.json());
+    let runs = 0;
+    app.post('/orders', idempotency({ store, transactional: true }), async (req, res) => {
+      runs++;
+      await transactionClient(req).query(`INSERT INTO "${db.schema}".charges (key) VALUES ($1)`, ['keyless']);
+      res.status(201).json({ ok: true });
+    });
+    const res = await request(app).post('/orders').send({ item: 'book' });
+    expect(res.status).toBe(400);
+    expect(res.headers['content-type']).toMatch(/application\/problem\+json/);
+    expect(res.body.type).toMatch(/key-missing/);
+    expect(res.text).not.toMatch(/oncely\/postgres|transaction/);
+    expect(runs).toBe(0);
+    expect(await count('keyless')).toBe(0);
+  });
+
+  test('with required: false, a request without a key runs outside any transaction (req.idempotency unset)', async () => {
+    const app = express();
+    app.use(express.json());
+    app.post('/orders', idempotency({ store, transactional: true, required: false }), async (req, res) => {
+      // The documented fallback for keyless requests: the pool, without the record.
+      const client = req.idempotency === undefined ? db.pool() : transactionClient(req);
+      await client.query(`INSERT INTO "${db.schema}".charges (key) VALUES ($1)`, ['keyless-fallback']);
+      res.status(201).json({ transactional: req.idempotency !== undefined });
+    });
+    const res = await request(app).post('/orders').send({});
+    expect(res.status).toBe(201);
+    expect(res.body).toEqual({ transactional: false });
+    expect(await count('keyless-fallback')).toBe(1);
+  });
+
   test('transactional: true with a store that cannot do transactions is refused at construction', () => {
     expect(() => idempotency({ transactional: true })).toThrow(/option "transactional"/);
     expect(() => idempotency({ store, transactional: true, onStoreError: 'fail-open' })).toThrow(

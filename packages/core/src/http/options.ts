@@ -57,8 +57,10 @@ export interface UnconfirmedWriteEvent extends IdempotencyEvent {
   /**
    * `'unconfirmed'` once, when the write is left unconfirmed (the response is sent all the same); then once, how it
    * ended: `'confirmed'` (a re-sent write was confirmed), `'lost'` (the key is no longer this execution's: its lease
-   * ended or another request took the key, so for a completion a retry runs again), `'gave_up'` (the store stopped
-   * re-sending: its bound ran out, or it was closed).
+   * ended or another request took the key, so for a completion a retry runs again; for a release, nothing is left
+   * to release), `'expired'` (a completion's `ttl`, counted from its first write, ran out before it was confirmed: a
+   * retry would run again by then anyway), `'gave_up'` (the store stopped re-sending: its bound ran out, or it was
+   * closed).
    */
   outcome: 'unconfirmed' | UnconfirmedWriteOutcome;
 }
