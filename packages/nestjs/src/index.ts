@@ -1,3 +1,5 @@
+/** The scope the docs recommend for API keys: a keyed hash of a credential header (`@oncely/core`'s, re-exported). */
+export { type ScopeByHeaderOptions, scopeByHeader } from '@oncely/core';
 export { IdempotencyKey, Idempotent, type IdempotentSetting } from './decorators';
 export { IdempotencyModule } from './idempotency.module';
 export type {
