@@ -67,6 +67,12 @@ export class OutboxRelay {
         'oncely/postgres: OutboxRelay needs options "store" (a PostgresStore) and "cache" (a RedisStore).',
       );
     }
+    // Without the outbox nothing is queued (and migrate() made no outbox table): the relay would never copy a thing.
+    if (!options.store.queuesOutbox) {
+      throw new TypeError(
+        'oncely/postgres: OutboxRelay needs a store created with outbox: true (new PostgresStore({ pool, outbox: true })), so that completions are queued for it.',
+      );
+    }
     this.#store = options.store;
     this.#cache = options.cache;
     this.#batchSize = options.batchSize ?? 100;

@@ -41,6 +41,9 @@ export function statements(schema: string, table: string) {
       )`,
       // The reaper's index: it deletes the oldest expired rows first.
       `CREATE INDEX IF NOT EXISTS "${table}_expires_at_idx" ON ${t} (expires_at)`,
+    ],
+    /** Run by migrate() after `migrate` for a store with `outbox: true` only. */
+    migrateOutbox: [
       `CREATE TABLE IF NOT EXISTS ${outbox} (
         id bigserial PRIMARY KEY,
         key text NOT NULL,

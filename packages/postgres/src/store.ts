@@ -106,7 +106,10 @@ export class PostgresStore implements TransactionalIdempotencyStore {
     return { records: this.#sql.table, outbox: this.#sql.outbox };
   }
 
-  /** Creates the schema, tables and index if they do not exist. Safe to run twice, and concurrently. */
+  /**
+   * Creates the schema, the records table and its index if they do not exist, and the outbox table with
+   * `outbox: true`. Safe to run twice, and concurrently.
+   */
   async migrate(): Promise<void> {
     const held = await hold(this.#pool);
     const { client } = held;
@@ -118,6 +121,7 @@ export class PostgresStore implements TransactionalIdempotencyStore {
         `${this.#lockSpace}migrate`,
       ]);
       for (const statement of this.#sql.migrate) await client.query(statement);
+      if (this.#outbox) for (const statement of this.#sql.migrateOutbox) await client.query(statement);
       await client.query('COMMIT');
     } catch (error) {
       failed = error;
@@ -323,6 +327,11 @@ export class PostgresStore implements TransactionalIdempotencyStore {
         await running;
       },
     };
+  }
+
+  /** @internal whether completions are queued in the outbox (`outbox: true`) */
+  get queuesOutbox(): boolean {
+    return this.#outbox;
   }
 
   /** @internal the relay's view of the outbox */

@@ -132,7 +132,8 @@ let check: pg.Pool;
 beforeAll(async () => {
   server = await startPostgres();
   const pool = recommendedPool();
-  await new PostgresStore({ pool }).migrate();
+  // With the outbox: its table too, for the relay's test.
+  await new PostgresStore({ pool, outbox: true }).migrate();
   await pool.query('CREATE TABLE charges (id serial PRIMARY KEY, key text NOT NULL)');
   plain = await plainApp(pool);
   transactional = await transactionalApp(pool);

@@ -38,6 +38,18 @@ describe('PostgresStore specifics', () => {
     expect(rows.map((r) => r.indexname)).toEqual(['specifics_expires_at_idx', 'specifics_pkey']);
   });
 
+  test('migrate creates the outbox table only for a store with outbox: true', async () => {
+    const exists = async (table: string) =>
+      (await db.pool().query('SELECT to_regclass($1) IS NOT NULL AS present', [`"${db.schema}"."${table}"`]))
+        .rows[0].present as boolean;
+    await new PostgresStore({ pool: db.pool(), schema: db.schema, table: 'plain' }).migrate();
+    expect(await exists('plain')).toBe(true);
+    expect(await exists('plain_outbox')).toBe(false);
+    // Turning the outbox on later: migrate() adds its table beside the records.
+    await new PostgresStore({ pool: db.pool(), schema: db.schema, table: 'plain', outbox: true }).migrate();
+    expect(await exists('plain_outbox')).toBe(true);
+  });
+
   test('bodies are stored as bytea, headers as jsonb, times from the database clock', async () => {
     const acquired = await store.acquire('types', lock);
     if (acquired.status !== 'acquired') throw new Error('expected acquired');

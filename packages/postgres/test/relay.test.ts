@@ -61,6 +61,11 @@ test('completions are queued in the outbox by the same statement that completes 
   expect(await outboxSize()).toBe(0);
 });
 
+test('a relay over a store without outbox: true is refused at construction, naming the fix', () => {
+  const plain = new PostgresStore({ pool: db.pool(), schema: db.schema });
+  expect(() => new OutboxRelay({ store: plain, cache })).toThrow(/outbox: true/);
+});
+
 test('two relays share the outbox: each record is copied exactly once, none is missed', async () => {
   const keys = await completeRecords('two', 400);
   const relays = [
