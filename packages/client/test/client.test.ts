@@ -117,6 +117,18 @@ describe('options are checked once, when idempotentFetch is called', () => {
 });
 
 describe('durations: the strings the server takes, read as the server reads them', () => {
+  test('every string the Duration type takes is read, negatives excepted', () => {
+    expect(resolveOptions({ baseDelay: '1e3ms', maxDelay: '.5h' })).toMatchObject({
+      baseDelay: 1000,
+      maxDelay: 1_800_000,
+    });
+    expect(resolveOptions({ baseDelay: '+5s', maxDelay: '0x10s' })).toMatchObject({
+      baseDelay: 5000,
+      maxDelay: 16_000,
+    });
+    expect(() => resolveOptions({ baseDelay: '-5s' })).toThrow(IdempotentFetchOptionsError);
+  });
+
   // The client has no dependencies, so it carries its own copy of the server's syntax: this keeps them one.
   const samples = [
     '250ms',
