@@ -14,7 +14,7 @@ export interface IdempotentRequest {
   body?: unknown;
 }
 
-/** The shared options (contract §2), for the module and for `@Idempotent(options)` on a controller or handler. */
+/** The shared options (docs/options.md), for the module and for `@Idempotent(options)` on a controller or handler. */
 export type IdempotentOptions = IdempotencyOptions<IdempotentRequest>;
 
 /** Options of `IdempotencyModule.forRoot()`: the shared options, and `global`. */

@@ -1,5 +1,5 @@
 /**
- * Response headers never stored nor replayed (contract §3): cookies belong to the first response only, `date`
+ * Response headers never stored nor replayed: cookies belong to the first response only, `date`
  * must be fresh, hop-by-hop headers describe one connection, and `content-length` is recomputed on replay.
  */
 export const ALWAYS_EXCLUDED_HEADERS: readonly string[] = [

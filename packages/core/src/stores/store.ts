@@ -44,8 +44,9 @@ export interface CompletedResult {
 export type AcquireResult = AcquiredResult | InProgressResult | CompletedResult;
 
 /**
- * The atomic steps a store implements (contract §4). Stores hold no policy: the engine decides what to do
- * with each result. Every method is one atomic operation, and one round trip on a networked store.
+ * The atomic steps a store implements (`storeContractSuite` in @oncely/testing checks them). Stores hold no
+ * policy: the engine decides what to do with each result. Every method is one atomic operation, and one round trip
+ * on a networked store.
  *
  * Ownership: a token owns its record from `acquire` until the record completes, is released, or its lease
  * (`lockExpiresAt`) runs out. `complete`, `release` and `renew` resolve to `true` only while the token owns the
