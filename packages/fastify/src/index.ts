@@ -81,9 +81,12 @@ const PLUGIN_OPTIONS = new Set(['global']);
  */
 interface RouteClaim {
   readonly engine: Idempotency<FastifyRequest>;
+  /** The engine that handles a request of this method on the route, if any registration covers it. */
+  readonly handling: (method: string) => Idempotency<FastifyRequest> | undefined;
   hooks: { preHandler: unknown; onSend: unknown; onError: unknown } | undefined;
 }
 const claims = new WeakMap<object, RouteClaim>();
+const none = (): undefined => undefined;
 
 async function idempotencyPluginAsync(
   fastify: FastifyInstance,
@@ -102,33 +105,39 @@ async function idempotencyPluginAsync(
   }
 
   fastify.addHook('onRoute', (route) => {
-    // The registration nearest the route decides for it alone, with its options over the outer ones' (a child
-    // context's over the root's; within one context, the one registered last): the outer ones' hooks come off.
+    // The registration nearest the route that covers it decides for it alone, with its options over the outer
+    // ones' (a child context's over the root's; within one context, the one registered last). One that does not
+    // cover the route (global: false, narrower methods) leaves it to the outer ones.
     const outer = claims.get(route);
+    const layered = outer === undefined ? engine : nestedEngine(outer.engine, registration);
+    const outerHandling = outer?.handling ?? none;
+    claims.set(route, { engine: layered, handling: outerHandling, hooks: outer?.hooks });
+    const config = route.config?.idempotency;
+    if (config === false || (config === undefined && !global)) return;
+    const routeEngine = typeof config === 'object' && config !== null ? layered.with(config) : layered;
+    const methods = Array.isArray(route.method) ? route.method : [route.method];
+    if (!methods.some((method) => routeEngine.covers(method))) return;
+    // This registration takes the route: the outer ones' hooks come off, and a method it does not cover stays
+    // with the outer registration that covered it.
     if (outer?.hooks !== undefined) {
       const { preHandler, onSend, onError } = outer.hooks;
       route.preHandler = toArray(route.preHandler).filter((hook) => hook !== preHandler);
       route.onSend = toArray(route.onSend).filter((hook) => hook !== onSend);
       route.onError = toArray(route.onError).filter((hook) => hook !== onError);
     }
-    const claim: RouteClaim = {
-      engine: outer === undefined ? engine : nestedEngine(outer.engine, registration),
-      hooks: undefined,
-    };
+    const handling = (method: string) => (routeEngine.covers(method) ? routeEngine : outerHandling(method));
+    const claim: RouteClaim = { engine: layered, handling, hooks: undefined };
     claims.set(route, claim);
-    const config = route.config?.idempotency;
-    if (config === false || (config === undefined && !global)) return;
-    const routeEngine =
-      typeof config === 'object' && config !== null ? claim.engine.with(config) : claim.engine;
-    const methods = Array.isArray(route.method) ? route.method : [route.method];
-    if (!methods.some((method) => routeEngine.covers(method))) return;
 
     const preHandler: preHandlerHookHandler = async function oncelyPreHandler(request, reply) {
       const req = request as StatefulRequest;
       if (req[kState] !== null) return; // another oncely registration already holds this request
-      const decision = await routeEngine.handle(
+      const handler = handling(request.method);
+      if (handler === undefined) return;
+      const logger = handler.options.logger ?? request.log;
+      const decision = await handler.handle(
         { method: request.method, url: request.url, headers: request.headers, body: request.body, request },
-        routeEngine.options.logger ?? request.log,
+        logger,
       );
       if (decision.action === 'pass') return;
       if (reply.sent || responseGone(reply.raw)) {
@@ -182,7 +191,7 @@ async function idempotencyPluginAsync(
         throw error;
       }
       if (read.kind === 'unknown') {
-        (routeEngine.options.logger ?? request.log).error(
+        (handling(request.method)?.options.logger ?? request.log).error(
           { key: execution.key, payloadType: describe(payload) },
           'oncely: cannot read this reply payload; releasing the key instead of storing the response',
         );

@@ -181,6 +181,15 @@ describe('@oncely/fastify specifics', () => {
     ).toThrow(IdempotencyOptionsError);
   });
 
+  test('a misspelt route option, which compiles inline, throws when the route is added', async () => {
+    const app = Fastify();
+    await app.register(idempotencyPlugin);
+    expect(() =>
+      app.post('/x', { config: { idempotency: { ttll: '1h', requried: true } } }, async () => ({})),
+    ).toThrow(IdempotencyOptionsError);
+    expect(() => app.post('/y', { config: { idempotency: { ttl: '1h' } } }, async () => ({}))).not.toThrow();
+  });
+
   test('the default export is the plugin, wrapped with fastify-plugin', () => {
     expect(idempotencyPluginDefault).toBe(idempotencyPlugin);
     const meta = (idempotencyPlugin as unknown as Record<symbol, { name: string }>)[
@@ -228,6 +237,55 @@ describe('@oncely/fastify specifics', () => {
     expect(store.size).toBe(3);
     await app.close();
   });
+
+  test.each([
+    ['global: false', { global: false }],
+    ["methods: ['PUT']", { methods: ['PUT'] }],
+  ])(
+    'a child registration with %s leaves the routes and methods it does not cover to the root one',
+    async (_name, narrower) => {
+      const app = Fastify();
+      await app.register(idempotencyPlugin, { scope: false, required: true });
+      let runs = 0;
+      await app.register(async (child) => {
+        await child.register(idempotencyPlugin, {
+          ...narrower,
+          scope: (request) => `user:${String(request.headers['x-user'])}`,
+        });
+        child.route({
+          method: ['POST', 'PUT'],
+          url: '/b',
+          handler: async (request) => ({ user: request.headers['x-user'], run: ++runs }),
+        });
+      });
+      const as = (method: 'POST' | 'PUT', user: string, key?: string) =>
+        app.inject({
+          method,
+          url: '/b',
+          payload: {},
+          headers: { 'x-user': user, ...(key === undefined ? {} : { 'idempotency-key': key }) },
+        });
+      // POST is the root's: one key space, a key required.
+      const first = await as('POST', 'alice', 'k');
+      expect(first.json()).toEqual({ user: 'alice', run: 1 });
+      const again = await as('POST', 'alice', 'k');
+      expect(again.headers['idempotent-replayed']).toBe('true');
+      expect(again.json()).toEqual(first.json());
+      expect((await as('POST', 'alice')).statusCode).toBe(400);
+      expect(runs).toBe(1);
+      if ('methods' in narrower) {
+        // PUT is the child's: per user, with the root's required.
+        expect((await as('PUT', 'alice', 'p')).json()).toEqual({ user: 'alice', run: 2 });
+        const bob = await as('PUT', 'bob', 'p');
+        expect(bob.headers['idempotent-replayed']).toBeUndefined();
+        expect(bob.json()).toEqual({ user: 'bob', run: 3 });
+        expect((await as('PUT', 'alice', 'p')).headers['idempotent-replayed']).toBe('true');
+        expect((await as('PUT', 'bob')).statusCode).toBe(400);
+        expect(runs).toBe(3);
+      }
+      await app.close();
+    },
+  );
 
   test('registering the plugin twice does not make a request conflict with itself', async () => {
     const app = Fastify();
