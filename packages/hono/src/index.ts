@@ -9,7 +9,7 @@ import {
   type ScopeByHeaderOptions,
   type StoredResponse,
 } from '@oncely/core';
-import { HandlerFailure, KnownBody, respondOnce, toResponse } from '@oncely/web';
+import { HandlerFailure, KnownBody, registrationMade, respondOnce, toResponse } from '@oncely/web';
 import type { Context, Env, MiddlewareHandler } from 'hono';
 
 /**
@@ -63,6 +63,7 @@ export function idempotency<E extends Env = Env>(
   const engine = new Idempotency<Context<E>>(options);
   const registration = registrationOf(engine, options, idempotency, 'idempotency()');
   made++;
+  registrationMade();
   const middleware: MiddlewareHandler<E> = async function idempotencyMiddleware(c, next) {
     const raw = c.req.raw;
     const handling = made > 1 ? nearest(c, registration as Registration<Context>) : engine;
@@ -122,10 +123,13 @@ export function idempotency<E extends Env = Env>(
 /**
  * Hono knows every handler of a request before the first runs: when oncely middlewares are among them (app-wide,
  * on a sub-app, on the route), the one nearest the route that covers the request handles it, with its options
- * over the outer ones' (as a route's options are over a plugin's on Fastify), and the others step aside. Gives the
+ * over the outer ones' (as a route's options are over a plugin's on Fastify), and the others step aside. Only
+ * those before the first handler that ends the request count: the ones matched after it never run. Gives the
  * engine this middleware handles the request with, or `undefined` when another one handles it.
  */
 function nearest(c: Context, own: Registration<Context>): Idempotency<Context> | undefined {
+  // c.req.matchedRoutes, not hono/route's matchedRoutes(c): that helper needs Hono 4.8, the peer range is ^4.0.0,
+  // and both build the same array. Read once per request, and only when two registrations exist.
   const req = c.req as { matchedRoutes?: unknown; routeIndex?: unknown };
   let routes: unknown;
   try {
@@ -138,8 +142,13 @@ function nearest(c: Context, own: Registration<Context>): Idempotency<Context> |
   const chain: Registration<Context>[] = [];
   let position = -1;
   for (let i = 0; i < routes.length; i++) {
-    const registration = registrationOfHandler((routes[i] as { handler?: unknown } | undefined)?.handler);
-    if (registration === undefined) continue;
+    const handler = innermost((routes[i] as { handler?: unknown } | undefined)?.handler);
+    const registration = registrations.get(handler as object);
+    if (registration === undefined) {
+      // A handler after this middleware answers the request: nothing matched after it runs.
+      if (i > index && endsRequest(handler)) break;
+      continue;
+    }
     if (i === index) position = chain.length;
     chain.push(registration);
   }
@@ -158,15 +167,24 @@ function nearest(c: Context, own: Registration<Context>): Idempotency<Context> |
   return engines[position];
 }
 
-/** The registration of a matched handler, through the wrappers Hono puts around a sub-app's handlers. */
-function registrationOfHandler(handler: unknown): Registration<Context> | undefined {
-  for (let h = handler, depth = 0; typeof h === 'function' && depth < 8; depth++) {
-    const registration = registrations.get(h);
-    if (registration !== undefined) return registration;
-    // app.route() wraps a sub-app's handlers when the sub-app has its own error handler (hono's COMPOSED_HANDLER).
-    h = (h as { __COMPOSED_HANDLER?: unknown }).__COMPOSED_HANDLER;
+/** A matched handler without the wrappers Hono puts around a sub-app's handlers. */
+function innermost(handler: unknown): unknown {
+  let h = handler;
+  // app.route() wraps a sub-app's handlers when the sub-app has its own error handler (hono's COMPOSED_HANDLER).
+  for (let depth = 0; typeof h === 'function' && depth < 8; depth++) {
+    const wrapped = (h as { __COMPOSED_HANDLER?: unknown }).__COMPOSED_HANDLER;
+    if (wrapped === undefined) return h;
+    h = wrapped;
   }
-  return undefined;
+  return h;
+}
+
+/**
+ * Whether a matched handler ends the request instead of calling `next`: one that does not take `next`, as Hono's
+ * own route inspection (hono/dev) tells a handler from a middleware.
+ */
+function endsRequest(handler: unknown): boolean {
+  return typeof handler !== 'function' || handler.length < 2;
 }
 
 /**

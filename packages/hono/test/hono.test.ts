@@ -1,7 +1,7 @@
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
 import { expectLeavingClientReleased, fetchHandlerClient } from '@oncely/testing';
 import { withIdempotency } from '@oncely/web';
-import { Hono } from 'hono';
+import { type Context, Hono } from 'hono';
 import { compress } from 'hono/compress';
 import { stream } from 'hono/streaming';
 import { idempotency, scopeByHeader } from '../src';
@@ -151,6 +151,45 @@ describe('@oncely/hono specifics', () => {
     expect(store.size).toBe(3);
   });
 
+  test.each([
+    ['app-wide before the route, another registered after it', 'after'],
+    ['on the route, an app-wide one registered after it', 'route-first'],
+    ['a middleware between an app-wide one and the route’s (which decides)', 'middleware-between'],
+  ])(
+    'only registrations matched before the handler count, the nearest of them deciding: %s',
+    async (_name, layout) => {
+      const app = new Hono();
+      let runs = 0;
+      const handler = (c: Context) => c.json({ run: ++runs, user: c.req.header('x-user') }, 201);
+      const perUser = { required: true, scope: (c: Context) => `user:${c.req.header('x-user')}` };
+      if (layout === 'after') {
+        app.use(idempotency(perUser));
+        app.post('/charges', handler);
+        app.use('/charges', idempotency({ scope: false }));
+      } else if (layout === 'route-first') {
+        app.post('/charges', idempotency(perUser), handler);
+        app.use(idempotency({ scope: false }));
+      } else {
+        app.use(idempotency({ scope: false }));
+        app.use(async (c, next) => {
+          c.header('x-seen', '1');
+          await next();
+        });
+        app.post('/charges', idempotency(perUser), handler);
+      }
+      const as = (user: string, key?: string) => post(app, '/charges', key, '{}', { 'x-user': user });
+      const alice = await as('alice', 'k');
+      expect(alice.status).toBe(201);
+      const again = await as('alice', 'k');
+      expect(again.headers.get('idempotent-replayed')).toBe('true');
+      expect(await again.json()).toEqual(await alice.json());
+      const bob = await as('bob', 'k');
+      expect(bob.headers.get('idempotent-replayed')).toBeNull();
+      expect(await bob.json()).toEqual({ run: 2, user: 'bob' });
+      expect((await as('alice')).status).toBe(400);
+      expect(runs).toBe(2);
+    },
+  );
   test('a handler wrapped by withIdempotency behind the middleware, with another scope: refused with a 500, nothing stored', async () => {
     const app = new Hono();
     let runs = 0;
@@ -159,8 +198,19 @@ describe('@oncely/hono specifics', () => {
       scope: (request) => request.headers.get('x-user') ?? '',
     });
     app.post('/charges', (c) => wrapped(c.req.raw));
-    for (const user of ['alice', 'bob']) {
-      const res = await post(app, '/charges', 'k', '{}', { 'x-user': user });
+    // The Request rebuilt before the wrapped handler gets it: still the same request.
+    app.post('/rebuilt', async (c) =>
+      wrapped(
+        new Request(c.req.url, { method: 'POST', headers: c.req.raw.headers, body: await c.req.text() }),
+      ),
+    );
+    for (const [path, user] of [
+      ['/charges', 'alice'],
+      ['/charges', 'bob'],
+      ['/rebuilt', 'alice'],
+      ['/rebuilt', 'bob'],
+    ] as const) {
+      const res = await post(app, path, 'k', '{}', { 'x-user': user });
       expect(res.status).toBe(500);
       expect(((await res.json()) as { type: string }).type).toBe(
         'https://oncely.dev/problems/conflicting-registrations',

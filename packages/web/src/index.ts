@@ -1,3 +1,4 @@
+import { AsyncLocalStorage } from 'node:async_hooks';
 import {
   conflictingOptions,
   type Execution,
@@ -55,6 +56,7 @@ export function withIdempotency<Args extends unknown[] = []>(
   }
   const engine = new Idempotency<Request>(options);
   const registration = registrationOf(engine, options, withIdempotency, 'withIdempotency()');
+  registrationMade();
   return function idempotentHandler(request: Request, ...args: Args): Promise<Response> {
     return respondOnce(engine, { request, target: request, registration }, async (context) => {
       if (context !== undefined) contexts.set(request, context);
@@ -100,21 +102,42 @@ export interface WebExchange<Req> {
   registration?: Registration<Req>;
 }
 
-/** The registration that took a request, as a nested one meets it (`holders`). */
+/** The registration that took a request, as a nested one meets it (`holding`). */
 interface Holder {
   readonly registration: Registration<never>;
   /** The engine it handles the request with. */
   readonly engine: Idempotency<never>;
+  /** The request it took, and the value of its key header there. */
+  readonly request: Request;
+  readonly key: string | undefined;
+  /** What its handler gets: a nested registration that leaves the request to it gives its handler the same. */
+  readonly context: IdempotencyContext;
   /** Set by a registration nearer the handler that refused the request: the holder releases its key. */
   refused: Error | undefined;
 }
 
-// Requests a registration took, by Request, shared by every copy of this package (and so by @oncely/hono, which
-// goes through respondOnce): a WeakMap, since a Request may refuse new properties, and none must outlive it.
-const kHolders = Symbol.for('oncely.web.holders');
-const globalHolders = globalThis as typeof globalThis & { [kHolders]?: WeakMap<Request, Holder> };
-globalHolders[kHolders] ??= new WeakMap<Request, Holder>();
-const holders = globalHolders[kHolders];
+/**
+ * The registration running a handler, for the whole of its run (`holding`): a nested one meets it even when the
+ * Request was rebuilt on the way (new Request(request), a router, a Workers middleware). Shared by every copy of
+ * this package (and so by @oncely/hono, which goes through respondOnce).
+ */
+interface Nesting {
+  readonly holding: AsyncLocalStorage<Holder>;
+  /**
+   * How many registrations go through respondOnce. With one, no request can meet two, and no run is tracked: on
+   * Node 20 and 22 the first AsyncLocalStorage run turns on a hook every promise of the process pays for.
+   */
+  made: number;
+}
+const kNesting = Symbol.for('oncely.web.nesting');
+const globalNesting = globalThis as typeof globalThis & { [kNesting]?: Nesting };
+globalNesting[kNesting] ??= { holding: new AsyncLocalStorage<Holder>(), made: 0 };
+const nesting = globalNesting[kNesting];
+
+/** Counts a registration that hands its requests to respondOnce (`withIdempotency`, @oncely/hono's middleware). */
+export function registrationMade(): void {
+  nesting.made++;
+}
 
 /** What `run` returns when the handler failed but the framework already turned the error into a response. */
 export class HandlerFailure {
@@ -158,8 +181,9 @@ export async function respondOnce<Req>(
   ) {
     return settledResponse(await run(undefined));
   }
-  const taken = exchange.registration === undefined ? undefined : holders.get(request);
-  if (taken !== undefined && exchange.registration !== undefined) {
+  const taken =
+    exchange.registration === undefined || nesting.made < 2 ? undefined : nesting.holding.getStore();
+  if (taken !== undefined && exchange.registration !== undefined && sameRequest(taken, request, headers)) {
     // Another registration took the request first (this one wraps the handler it runs). Nothing outside it tells
     // the outer one about this one: if this one sets an option that would handle the request otherwise, neither
     // may apply, and it is refused with a 500 naming both; the outer one then releases its key.
@@ -167,7 +191,7 @@ export async function respondOnce<Req>(
       taken.registration === exchange.registration
         ? []
         : conflictingOptions(taken.engine.options, exchange.registration);
-    if (names.length === 0) return settledResponse(await run(undefined));
+    if (names.length === 0) return settledResponse(await run(taken.context));
     const refusal = refuseNested(taken.registration, exchange.registration as Registration<never>, names);
     taken.refused ??= refusal.error;
     return exchange.respond === undefined
@@ -225,18 +249,21 @@ export async function respondOnce<Req>(
     await execution.clientGone();
     return new Response(null, { status: 499 });
   }
+  const context: IdempotencyContext = { key: execution.clientKey, db: execution.db };
   let holder: Holder | undefined;
-  if (exchange.registration !== undefined) {
+  if (exchange.registration !== undefined && nesting.made > 1) {
     holder = {
       registration: exchange.registration as Registration<never>,
       engine: engine as Idempotency<never>,
+      request,
+      key: headerValue(headers === undefined ? request.headers.get(o.header) : headers[o.header]),
+      context,
       refused: undefined,
     };
-    holders.set(request, holder);
   }
   let response: Response | HandlerFailure | KnownBody;
   try {
-    response = await run({ key: execution.clientKey, db: execution.db });
+    response = await (holder === undefined ? run(context) : nesting.holding.run(holder, run, context));
     if (holder?.refused !== undefined) {
       // A registration nearer the handler refused it: that answer is sent, and nothing is stored.
       await execution.fail(holder.refused);
@@ -272,6 +299,27 @@ export async function respondOnce<Req>(
     await execution.fail(error);
     throw error;
   }
+}
+
+/**
+ * Whether a request met inside the holder's run is the one it took: the same Request, or one rebuilt from it that
+ * carries the same key. A request with another key (or none) that its handler sends on is an operation of its own.
+ */
+function sameRequest(
+  holder: Holder,
+  request: Request,
+  headers: Readonly<Record<string, string | string[] | undefined>> | undefined,
+): boolean {
+  if (holder.request === request) return true;
+  const name = holder.engine.options.header;
+  const key = headerValue(headers === undefined ? request.headers.get(name) : headers[name]);
+  return key !== undefined && key === holder.key;
+}
+
+/** A header's value as `Headers.get` gives it: repeated values joined with ", ". */
+function headerValue(value: string | string[] | null | undefined): string | undefined {
+  if (value === null || value === undefined) return undefined;
+  return typeof value === 'string' ? value : value.join(', ');
 }
 
 /** Stores the handler's response (or releases the key) and gives back one with the same bytes to send. */

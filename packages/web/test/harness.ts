@@ -29,8 +29,10 @@ export function webHarness(name: string): AdapterHarness {
         const url = new URL(request.url);
         const delay = Number(url.searchParams.get('delay') ?? 0);
         const path = url.pathname;
+        // Rebuilt on the way in, as a router or a Workers middleware does: the inner registration still meets
+        // the outer one.
         if (nestedCharges !== undefined && !wrapped && path === '/charges' && request.method === 'POST')
-          return nestedCharges(request);
+          return nestedCharges(new Request(request));
         if (path === '/charges') {
           const n = count('charges');
           const text = await request.text();

@@ -5,7 +5,7 @@ import { idempotency } from '@oncely/express';
 import { expectLeavingClientReleased, fetchHandlerClient } from '@oncely/testing';
 import express from 'express';
 import request from 'supertest';
-import { idempotencyOf, withIdempotency } from '../src';
+import { idempotencyOf, scopeByHeader, withIdempotency } from '../src';
 
 const post = (
   path: string,
@@ -161,10 +161,84 @@ describe('@oncely/web specifics', () => {
     expect(runs).toBe(1);
   });
 
+  test('wrapped twice with the Request rebuilt in between (a router): the same key is one request (refused on a conflict, else the outer one’s), another key an operation of its own', async () => {
+    let runs = 0;
+    const perUser = withIdempotency(
+      async (request: Request) => Response.json({ user: request.headers.get('x-user'), run: ++runs }),
+      { scope: (request) => `user:${request.headers.get('x-user')}` },
+    );
+    const rebuilt = withIdempotency((request: Request) => perUser(new Request(request)), { scope: false });
+    // Later, after a tick: the outer registration's run is still the async context the inner one meets.
+    const later = withIdempotency(
+      async (request: Request) => {
+        await new Promise((resolve) => setTimeout(resolve, 5));
+        return perUser(new Request(request.url, { method: 'POST', body: '{}', headers: request.headers }));
+      },
+      { scope: false },
+    );
+    for (const outer of [rebuilt, later]) {
+      for (const user of ['alice', 'bob']) {
+        const res = await outer(post('/charges', `same-${runs}-${user}`, '{}', { 'x-user': user }));
+        expect(res.status).toBe(500);
+        expect(res.headers.get('idempotent-replayed')).toBeNull();
+        expect(((await res.json()) as { type: string }).type).toBe(
+          'https://oncely.dev/problems/conflicting-registrations',
+        );
+      }
+    }
+    expect(runs).toBe(0);
+    // The outer handler sends on a request with another key: an operation of its own, under the inner's options.
+    const composed = withIdempotency(
+      (request: Request) =>
+        perUser(
+          new Request(request, {
+            headers: {
+              'idempotency-key': `sub-${request.headers.get('idempotency-key')}`,
+              'x-user': 'alice',
+            },
+          }),
+        ),
+      { scope: false },
+    );
+    const first = await composed(post('/orders', 'k', '{}', { 'x-user': 'alice' }));
+    expect(first.status).toBe(200);
+    expect(await first.json()).toEqual({ user: 'alice', run: 1 });
+    const again = await composed(post('/orders', 'k', '{}', { 'x-user': 'alice' }));
+    expect(again.headers.get('idempotent-replayed')).toBe('true');
+    expect(runs).toBe(1);
+    // Options that agree: the outer one handles the rebuilt request, and the inner handler reads its key.
+    let seen: string | undefined;
+    const inner = withIdempotency(
+      async (request: Request) => {
+        seen = idempotencyOf(request)?.key;
+        return Response.json({ run: ++runs }, { status: 201 });
+      },
+      { required: true },
+    );
+    const agreeing = withIdempotency((request: Request) => inner(new Request(request)));
+    const made = await agreeing(post('/agree', 'agreed', '{}'));
+    expect(made.status).toBe(201);
+    expect(seen).toBe('agreed');
+    expect((await agreeing(post('/agree', 'agreed', '{}'))).headers.get('idempotent-replayed')).toBe('true');
+    expect(runs).toBe(2);
+  });
+
   test('options are checked once, at wrap time, naming the option', () => {
     expect(() => withIdempotency(async () => new Response(), { ttl: 'soon' as never })).toThrow(
       IdempotencyOptionsError,
     );
     expect(() => withIdempotency(undefined as never)).toThrow(/fetch handler/);
   });
+});
+
+test('@oncely/web exports scopeByHeader, which isolates API keys', async () => {
+  let runs = 0;
+  const handler = withIdempotency(async () => Response.json({ run: ++runs }, { status: 201 }), {
+    scope: scopeByHeader('x-api-key', { secret: 'adapter-test-secret-0123456789' }),
+  });
+  const send = (apiKey: string) => handler(post('/charges', 'same', '{}', { 'x-api-key': apiKey }));
+  expect((await send('k1')).status).toBe(201);
+  expect((await send('k2')).status).toBe(201);
+  expect((await send('k1')).headers.get('idempotent-replayed')).toBe('true');
+  expect(runs).toBe(2);
 });
