@@ -14,7 +14,7 @@ export {
   idempotentOutcome,
   type ResultSerializer,
 } from './consumer/idempotent';
-export type { Jsonified, JsonStorable } from './consumer/json';
+export type { Jsonified, JsonStorable, JsonValue } from './consumer/json';
 export {
   CONSUMER_RETRY_OPTIONS,
   type ConsumerBroker,

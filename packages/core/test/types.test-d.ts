@@ -6,6 +6,8 @@ import {
   idempotent,
   idempotentOutcome,
   type Jsonified,
+  type JsonStorable,
+  type JsonValue,
   MemoryStore,
   parseDuration,
 } from '../src/index';
@@ -77,6 +79,80 @@ export function resultsJsonCannotCarryDoNotCompile(): void {
   idempotent(async (): Promise<unknown> => 1, { store, key: () => 'k' });
 }
 
+/** A recursive JSON type, as many codebases declare one. */
+type Json = string | number | boolean | null | Json[] | { [key: string]: Json };
+/** The same with readonly arrays and properties that may be undefined. */
+type ReadonlyJson =
+  | string
+  | number
+  | boolean
+  | null
+  | readonly ReadonlyJson[]
+  | { readonly [key: string]: ReadonlyJson | undefined };
+
+export async function recursiveJsonTypesCompile(): Promise<void> {
+  const json = await idempotent(async (): Promise<Json> => ({ a: [1, 'b'] }), { store, key: () => 'k' })();
+  same<typeof json, Json>(true);
+  const readonlyJson = await idempotent(async (): Promise<ReadonlyJson> => [1], { store, key: () => 'k' })();
+  same<typeof readonlyJson, ReadonlyJson>(true);
+  const mixed = await idempotentOutcome(
+    async (): Promise<{ a: Date; b: Json }> => ({ a: new Date(), b: 1 }),
+    {
+      store,
+      key: () => 'k',
+    },
+  )();
+  same<typeof mixed.result, { a: string; b: Json }>(true);
+  same<Jsonified<JsonValue>, JsonValue>(true);
+  same<JsonStorable<Json>, Json>(true);
+  // @ts-expect-error a BigInt beside a JSON value is still refused
+  idempotent(async () => ({ total: 10n, raw: null as Json }), { store, key: () => 'k' });
+}
+
+export function jsonifiedFollowsWhatJsonStringifyWrites(): void {
+  // An Error's message and stack, and a RegExp's lastIndex, are not enumerable: JSON writes `{}`.
+  same<keyof Jsonified<Error>, never>(true);
+  class CodedError extends Error {
+    code = 'E_CODED';
+  }
+  same<Jsonified<CodedError>, { code: string }>(true);
+  same<keyof Jsonified<{ pattern: RegExp }>['pattern'], never>(true);
+  // A typed array is written as an object keyed by index: {"0":1,"1":2}.
+  same<Jsonified<Uint8Array>, { [index: string]: number }>(true);
+  same<Jsonified<Float64Array>, { [index: string]: number }>(true);
+  // Node's Buffer has its own toJSON.
+  same<Jsonified<Buffer>, { type: 'Buffer'; data: number[] }>(true);
+  // `any` may hold anything, and stays a required property; `unknown` may be undefined, so it may be left out.
+  // biome-ignore lint/suspicious/noExplicitAny: any is the case under test
+  type Any = any;
+  same<Jsonified<{ a: Any; u: unknown }>, { a: Any; u?: unknown }>(true);
+  // JSON.parse gives mutable arrays.
+  same<Jsonified<readonly Date[]>, string[]>(true);
+  same<Jsonified<{ at: readonly Date[] }>, { at: string[] }>(true);
+  same<Jsonified<readonly [Date, number]>, [string, number]>(true);
+}
+
+export async function optionsInAVariableAndGenericHelpersCompile(): Promise<void> {
+  interface Message {
+    id: string;
+  }
+  // Options in a variable typed IdempotentOptions may or may not hold a serializer: fn's type or its JSON form.
+  const options: IdempotentOptions<[Message], { at: Date }> = { store, key: (m) => m.id };
+  const handle = idempotent(async (_m: Message) => ({ at: new Date() }), options);
+  same<Awaited<ReturnType<typeof handle>>, { at: Date } | { at: string }>(true);
+  const handleOutcome = idempotentOutcome(async (_m: Message) => ({ at: new Date() }), options);
+  same<Awaited<ReturnType<typeof handleOutcome>>['result'], { at: Date } | { at: string }>(true);
+
+  // A generic helper states that its T must be storable, and passes T on.
+  function once<T>(key: string, fn: () => Promise<T & JsonStorable<T>>): () => Promise<Jsonified<T>> {
+    return idempotent<[], T>(fn, { store, key: () => key });
+  }
+  const placed = await once('k', async () => ({ at: new Date() }))();
+  same<typeof placed, { at: string }>(true);
+  // @ts-expect-error a BigInt has no JSON form, through the helper too
+  once('k', async () => ({ total: 10n }));
+}
+
 export async function aSerializerTakesAnyResultAndGivesItsOwnType(): Promise<void> {
   const run = idempotent(async () => ({ total: 10n }), {
     store,
@@ -104,4 +180,31 @@ export function durationsAreNumbersOrNumbersWithAUnit(fromConfig: string): void 
   void [options, checked];
   // @ts-expect-error not a duration
   new MemoryStore({ sweepInterval: '1 second' });
+}
+
+export function optionsDeclaredBeforeUseKeepTheirDurationsWithAsConstOrSatisfies(): void {
+  const fn = async (id: string) => ({ id });
+  const widened = { store, ttl: '24h' };
+  // @ts-expect-error the declaration widened '24h' to string
+  idempotent(fn, { ...widened, key: (id) => id });
+  const frozen = { store, ttl: '24h' } as const;
+  idempotent(fn, { ...frozen, key: (id) => id });
+  const checked = { store, ttl: '24h', lockTimeout: '30s' } satisfies Partial<
+    IdempotentOptions<[string], unknown>
+  >;
+  idempotent(fn, { ...checked, key: (id) => id });
+  // @ts-expect-error satisfies checks the names too
+  const misspelt = { store, ttll: '24h' } satisfies Partial<IdempotentOptions<[string], unknown>>;
+  void misspelt;
+}
+
+export function aDurationIsWhatParseDurationReads(): void {
+  // The type takes what a template literal's number takes; parseDuration reads these the same way.
+  const read: Duration[] = ['1e3ms', '.5h', '+5s', '5.s'];
+  // The type cannot refuse a negative: parseDuration does, when the options are checked.
+  const negative: Duration = '-5s';
+  void [read, negative];
+  // @ts-expect-error not finite
+  const infinite: Duration = 'Infinityms';
+  void infinite;
 }

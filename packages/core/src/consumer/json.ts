@@ -6,6 +6,31 @@ type DroppedByJson = undefined | symbol | ((...args: never[]) => unknown);
 
 type IsAny<T> = 0 extends 1 & T ? true : false;
 
+/**
+ * A value JSON carries as it is: `Jsonified` gives it back as written and `JsonStorable` accepts it without
+ * looking inside, so that a recursive JSON type (`type Json = string | … | Json[] | { [k: string]: Json }`)
+ * compiles as a result type.
+ */
+export type JsonValue =
+  | string
+  | number
+  | boolean
+  | null
+  | readonly JsonValue[]
+  | { readonly [key: string]: JsonValue | undefined };
+
+/** Typed arrays: JSON writes them as objects keyed by index (`{"0":1,"1":2}`). */
+type NumberTypedArray =
+  | Int8Array
+  | Uint8Array
+  | Uint8ClampedArray
+  | Int16Array
+  | Uint16Array
+  | Int32Array
+  | Uint32Array
+  | Float32Array
+  | Float64Array;
+
 /** Flattens an intersection of object types into one, so that editors show it as one object. */
 type Flatten<T> = { [K in keyof T]: T[K] } & {};
 
@@ -13,24 +38,42 @@ type Flatten<T> = { [K in keyof T]: T[K] } & {};
  * The type of `JSON.parse(JSON.stringify(value))` for a `value` of type `T`: what `idempotent()` returns with its
  * default serialiser, first call and replays alike. `toJSON()` is honoured (a `Date` becomes a `string`);
  * properties holding `undefined`, a function or a symbol are left out (optional when they may hold one); in arrays
- * those become `null`; symbol keys are dropped. Not expressible here: `NaN` and `Infinity` become `null`.
+ * those become `null`; symbol keys are dropped; arrays come back mutable; a typed array becomes an object keyed by
+ * index; an `Error` or a `RegExp` keeps only its own enumerable properties (none, unless a subclass adds some).
+ * A type that is already a `JsonValue` comes back as written (readonly arrays and `| undefined` properties
+ * included), which is what lets recursive JSON types through. Not expressible here: `NaN` and `Infinity` become
+ * `null`, and a getter declared in a class is typed as kept although JSON leaves it out (it lives on the
+ * prototype, and types cannot tell it from an own property).
  */
 export type Jsonified<T> =
   IsAny<T> extends true
     ? T
-    : T extends { toJSON(...args: never[]): infer J }
-      ? Jsonified<J>
-      : T extends string | number | boolean | null
-        ? T
-        : T extends DroppedByJson
-          ? undefined
-          : T extends bigint | ReadonlyMap<unknown, unknown> | ReadonlySet<unknown>
-            ? never
-            : T extends readonly unknown[]
-              ? { [K in keyof T]: JsonifiedElement<T[K]> }
-              : T extends object
-                ? JsonifiedObject<T>
-                : T;
+    : [T] extends [JsonValue]
+      ? T
+      : T extends { toJSON(...args: never[]): infer J }
+        ? Jsonified<J>
+        : T extends string | number | boolean | null
+          ? T
+          : T extends DroppedByJson
+            ? undefined
+            : T extends
+                  | bigint
+                  | ReadonlyMap<unknown, unknown>
+                  | ReadonlySet<unknown>
+                  | BigInt64Array
+                  | BigUint64Array
+              ? never
+              : T extends readonly unknown[]
+                ? { -readonly [K in keyof T]: JsonifiedElement<T[K]> }
+                : T extends NumberTypedArray
+                  ? { [index: string]: number }
+                  : T extends Error
+                    ? JsonifiedObject<Omit<T, keyof Error>>
+                    : T extends RegExp
+                      ? JsonifiedObject<Omit<T, keyof RegExp>>
+                      : T extends object
+                        ? JsonifiedObject<T>
+                        : T;
 
 type JsonifiedElement<E> = IsAny<E> extends true ? E : E extends DroppedByJson ? null : Jsonified<E>;
 
@@ -43,15 +86,22 @@ type KeptKey<T, K extends keyof T> = K extends symbol
       ? never
       : K;
 
+/** Whether JSON may leave the property out: its type includes something JSON drops (`any` stays required). */
+type MayBeDropped<V> = IsAny<V> extends true ? false : undefined extends V ? true : false;
+
 type JsonifiedObject<T> = Flatten<
   {
-    [K in keyof T as KeptKey<T, K> extends never ? never : undefined extends T[K] ? never : K]: Jsonified<
-      T[K]
-    >;
+    [K in keyof T as KeptKey<T, K> extends never
+      ? never
+      : MayBeDropped<T[K]> extends true
+        ? never
+        : K]: Jsonified<T[K]>;
   } & {
-    [K in keyof T as KeptKey<T, K> extends never ? never : undefined extends T[K] ? K : never]?: Jsonified<
-      Exclude<T[K], DroppedByJson>
-    >;
+    [K in keyof T as KeptKey<T, K> extends never
+      ? never
+      : MayBeDropped<T[K]> extends true
+        ? K
+        : never]?: Jsonified<Exclude<T[K], DroppedByJson>>;
   }
 >;
 
@@ -73,24 +123,26 @@ export type JsonStorable<T> =
 type JsonStorableValue<T> =
   IsAny<T> extends true
     ? T
-    : T extends bigint
-      ? {
-          readonly 'oncely: a BigInt has no JSON form; convert it to a string, or pass a serialize option': true;
-        }
-      : T extends symbol
-        ? { readonly 'oncely: a symbol has no JSON form; pass a serialize option': true }
-        : T extends ReadonlyMap<unknown, unknown>
-          ? {
-              readonly 'oncely: a Map has no JSON form; use an object or an array, or pass a serialize option': true;
-            }
-          : T extends ReadonlySet<unknown>
-            ? { readonly 'oncely: a Set has no JSON form; use an array, or pass a serialize option': true }
-            : T extends { toJSON(...args: never[]): unknown }
-              ? T
-              : T extends (...args: never[]) => unknown
-                ? { readonly 'oncely: a function has no JSON form; pass a serialize option': true }
-                : T extends object
-                  ? { [K in keyof T]: JsonStorableProperty<T[K]> }
-                  : T;
+    : [T] extends [JsonValue]
+      ? T
+      : T extends bigint
+        ? {
+            readonly 'oncely: a BigInt has no JSON form; convert it to a string, or pass a serialize option': true;
+          }
+        : T extends symbol
+          ? { readonly 'oncely: a symbol has no JSON form; pass a serialize option': true }
+          : T extends ReadonlyMap<unknown, unknown>
+            ? {
+                readonly 'oncely: a Map has no JSON form; use an object or an array, or pass a serialize option': true;
+              }
+            : T extends ReadonlySet<unknown>
+              ? { readonly 'oncely: a Set has no JSON form; use an array, or pass a serialize option': true }
+              : T extends { toJSON(...args: never[]): unknown }
+                ? T
+                : T extends (...args: never[]) => unknown
+                  ? { readonly 'oncely: a function has no JSON form; pass a serialize option': true }
+                  : T extends object
+                    ? { [K in keyof T]: JsonStorableProperty<T[K]> }
+                    : T;
 
 type JsonStorableProperty<T> = T extends (...args: never[]) => unknown ? T : JsonStorableValue<T>;
