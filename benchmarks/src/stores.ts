@@ -1,7 +1,7 @@
 // oncely's stores, built the way their READMEs say, for the servers and the store micro-benchmarks.
 import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
-import { type IdempotencyStore, MemoryStore } from '@oncely/core';
+import { type Duration, type IdempotencyStore, MemoryStore } from '@oncely/core';
 import { PostgresStore } from '@oncely/postgres';
 import { RedisStore } from '@oncely/redis';
 import Redis from 'ioredis';
@@ -82,7 +82,7 @@ export async function openStore(name: StoreName, services: Services): Promise<Op
 }
 
 /** ONCELY_BENCH_REDIS_REPLICA=1 (the runner sets `redisReplicas`): every write confirmed on the replica. */
-function replication(services: Services): { replicas: number; timeout: string } | undefined {
+function replication(services: Services): { replicas: number; timeout: Duration } | undefined {
   return services.redisReplicas === undefined
     ? undefined
     : { replicas: services.redisReplicas, timeout: '1s' };

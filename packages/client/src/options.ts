@@ -149,8 +149,9 @@ const UNIT_MS: Readonly<Record<DurationUnit, number>> = {
   h: 3_600_000,
   d: 86_400_000,
 };
-// The server's duration syntax (parseDuration in @oncely/core), so that one value configures both ends.
-const DURATION = /^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$/;
+// The server's duration syntax (parseDuration in @oncely/core), so that one value configures both ends: the number
+// part is read as Number() reads it, as the Duration type does ('1e3ms', '.5h').
+const DURATION = /^(.*?)\s*(ms|s|m|h|d)$/;
 
 /**
  * Milliseconds, from a number or a string with a unit: from 0 to MAX_TIMER_MS (24.8 days), or Infinity where
@@ -161,7 +162,8 @@ function duration(option: string, value: unknown, fallback: number, unlimited: b
   let ms: number | undefined = typeof value === 'number' ? value : undefined;
   if (typeof value === 'string') {
     const match = DURATION.exec(value.trim());
-    if (match) ms = Math.round(Number(match[1]) * UNIT_MS[match[2] as DurationUnit]);
+    const amount = match && match[1] !== '' ? Number(match[1]) : Number.NaN;
+    if (match && Number.isFinite(amount)) ms = Math.round(amount * UNIT_MS[match[2] as DurationUnit]) || 0;
   }
   const ok = ms !== undefined && ms >= 0 && (ms <= MAX_TIMER_MS || (unlimited && ms === Infinity));
   if (!ok)

@@ -1,4 +1,4 @@
-import { canonicalJson, defaultFingerprint, parseDuration, parseKey } from '@oncely/core';
+import { canonicalJson, type Duration, defaultFingerprint, parseDuration, parseKey } from '@oncely/core';
 
 describe('parseDuration', () => {
   test.each([
@@ -15,12 +15,41 @@ describe('parseDuration', () => {
     expect(parseDuration(input)).toBe(ms);
   });
 
-  test.each([-1, Number.NaN, Number.POSITIVE_INFINITY, '', '10', '10 years', 's', '-5s', '1e3ms'])(
-    '%p is refused',
-    (input) => {
-      expect(() => parseDuration(input)).toThrow(/Invalid duration/);
-    },
-  );
+  // Typed as Duration, so that the type check proves these compile: every one must parse too.
+  const accepted: [Duration, number][] = [
+    ['1e3ms', 1000],
+    ['1e3 ms', 1000],
+    ['.5h', 1_800_000],
+    ['5.s', 5000],
+    ['+5s', 5000],
+    ['0x10s', 16_000],
+    ['-0s', 0],
+  ];
+  test.each(accepted)('%p, a Duration by its type, is %p ms', (input, ms) => {
+    expect(parseDuration(input)).toBe(ms);
+  });
+
+  test.each([
+    -1,
+    Number.NaN,
+    Number.POSITIVE_INFINITY,
+    '',
+    '10',
+    '10 years',
+    's',
+    'ms',
+    '5s5s',
+    '1 0s',
+    'Infinityms',
+  ])('%p is refused', (input) => {
+    expect(() => parseDuration(input)).toThrow(/Invalid duration/);
+  });
+
+  // The Duration type cannot refuse a negative: parseDuration does, where options are checked.
+  const negative: Duration[] = ['-5s', '-1e3ms', -5];
+  test.each(negative)('%p is refused', (input) => {
+    expect(() => parseDuration(input)).toThrow(/Invalid duration/);
+  });
 });
 
 describe('parseKey', () => {
