@@ -53,6 +53,7 @@ export {
   modelOptions,
   modelSettings,
   modelSuite,
+  nextChunk,
   RunHandle,
   redisModelStore,
   runSequence,
