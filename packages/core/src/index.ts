@@ -50,38 +50,32 @@ export {
   refuseNested,
   registrationOf,
 } from './http/nested';
-export type {
-  CompleteEvent,
-  ConflictEvent,
-  FencedEvent,
-  IdempotencyEvent,
-  IdempotencyHooks,
-  IdempotencyOptions,
-  ReleaseEvent,
-  ResolvedOptions,
-  StoreErrorEvent,
-  UnconfirmedWriteEvent,
-  UnscopedCredentialsEvent,
-} from './http/options';
+export type { IdempotencyOptions, ResolvedOptions } from './http/options';
 export { PROBLEM_TYPES, type ProblemDetails, problemResponse } from './http/problems';
 export { type RequestWithHeaders, type ScopeByHeaderOptions, scopeByHeader } from './http/scope';
 export { durationOption } from './shared/checks';
 export { type Duration, type DurationUnit, parseDuration } from './shared/duration';
 export { IdempotencyOptionsError } from './shared/errors';
+export type {
+  AdapterKind,
+  CompleteEvent,
+  ConflictEvent,
+  DecisionEvent,
+  DecisionOutcome,
+  ExecutionEvent,
+  FencedEvent,
+  IdempotencyEvent,
+  IdempotencyHooks,
+  ReleaseEvent,
+  StoreErrorEvent,
+  StoreOperation,
+  StoreOperationEvent,
+  UnconfirmedWriteEvent,
+  UnconfirmedWriteOutcome,
+  UnscopedCredentialsEvent,
+} from './shared/hooks';
 export { type Logger, silentLogger } from './shared/logger';
-export {
-  type AdapterKind,
-  composeHooks,
-  type DecisionEvent,
-  type DecisionOutcome,
-  type ExecutionEvent,
-  OBSERVERS,
-  type ObservableOptions,
-  type StoreOperation,
-  type StoreOperationEvent,
-  storeKind,
-  type UnconfirmedWriteOutcome,
-} from './shared/observe';
+export { composeHooks, OBSERVERS, type ObservableOptions, storeKind } from './shared/observe';
 export { MemoryStore, type MemoryStoreOptions } from './stores/memory-store';
 export type {
   AcquiredResult,

@@ -1,4 +1,3 @@
-import type { IdempotencyHooks } from '../http/options';
 import {
   asStoredFingerprint,
   checkLogger,
@@ -10,16 +9,10 @@ import {
 } from '../shared/checks';
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
+import { HookRunner, type IdempotencyHooks } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
-import {
-  type DecisionEvent,
-  type DecisionOutcome,
-  followConfirmation,
-  hooksOf,
-  type ObservableOptions,
-  observedStore,
-} from '../shared/observe';
-import { tellHookThrew, type WarningCode } from '../shared/warnings';
+import { followConfirmation, hooksOf, type ObservableOptions, observedStore } from '../shared/observe';
+import type { WarningCode } from '../shared/warnings';
 import { MemoryStore } from '../stores/memory-store';
 import type { AcquireResult, IdempotencyStore, StoredResponse } from '../stores/store';
 import {
@@ -106,9 +99,8 @@ interface Resolved<Args extends unknown[], R> {
   maxResultBytes: number;
   maxKeyLength: number;
   log: Logger;
-  /** The process warnings already emitted for this wrapped function (without a logger): said once each. */
-  warned: Set<WarningCode>;
-  hooks: IdempotencyHooks;
+  /** This wrapper's hooks, run guarded; its process warnings (without a logger) are said once each. */
+  hooks: HookRunner;
 }
 
 // How a record written by idempotent() says what it holds: a result, a permanent failure, or "ran, not storable".
@@ -242,7 +234,7 @@ async function runOnce<Args extends unknown[], R>(
       }
     }
   } catch (error) {
-    decided(o, 'rejected', undefined, undefined);
+    o.hooks.decided('rejected', undefined, undefined, o.log);
     throw error;
   }
   // When a wait began (wait mode only), for the onDecision event's waitedMs.
@@ -251,8 +243,8 @@ async function runOnce<Args extends unknown[], R>(
     try {
       return await o.store.acquire(key, { fingerprint, lockTimeoutMs: o.lockTimeoutMs });
     } catch (error) {
-      hook(o, 'onStoreError', { key, operation: 'acquire', error });
-      decided(o, 'store_error', key, waitStart);
+      o.hooks.run('onStoreError', { key, operation: 'acquire', error }, o.log);
+      o.hooks.decided('store_error', key, waitStart, o.log);
       throw new IdempotencyStoreError(key, 'acquire', { cause: error });
     }
   };
@@ -263,18 +255,18 @@ async function runOnce<Args extends unknown[], R>(
   for (;;) {
     switch (result.status) {
       case 'acquired':
-        decided(o, 'executed', key, waitStart);
+        o.hooks.decided('executed', key, waitStart, o.log);
         return execute(fn, o, args, key, result.token);
       case 'completed':
         if (o.fingerprint !== undefined && result.fingerprint !== fingerprint) {
-          decided(o, 'mismatch', key, waitStart);
+          o.hooks.decided('mismatch', key, waitStart, o.log);
           throw new IdempotencyMismatchError(key);
         }
-        decided(o, 'replayed', key, waitStart);
+        o.hooks.decided('replayed', key, waitStart, o.log);
         return { outcome: 'replayed', result: replay(o, key, result.response), key };
       case 'in_progress': {
         if (o.fingerprint !== undefined && result.fingerprint !== fingerprint) {
-          decided(o, 'mismatch', key, waitStart);
+          o.hooks.decided('mismatch', key, waitStart, o.log);
           throw new IdempotencyMismatchError(key);
         }
         const now = Date.now();
@@ -283,7 +275,7 @@ async function runOnce<Args extends unknown[], R>(
           waitStart = now;
         }
         if (deadline === undefined || now >= deadline) {
-          decided(o, 'conflict', key, waitStart);
+          o.hooks.decided('conflict', key, waitStart, o.log);
           throw new IdempotencyInProgressError(key, result.retryAfterMs);
         }
         // As the engine's wait mode: a store wake-up is trusted for 5s at a time (the bound on a lost
@@ -297,7 +289,7 @@ async function runOnce<Args extends unknown[], R>(
       }
       default:
         // A store bug, not a decision: refuse rather than guess.
-        decided(o, 'store_error', key, waitStart);
+        o.hooks.decided('store_error', key, waitStart, o.log);
         throw new IdempotencyStoreError(key, 'acquire', {
           cause: new Error(
             `store.acquire() resolved to an unknown status ${JSON.stringify((result as { status?: unknown }).status)}`,
@@ -305,35 +297,6 @@ async function runOnce<Args extends unknown[], R>(
         });
     }
   }
-}
-
-/** Runs a hook, never letting it break a call. */
-function hook<Args extends unknown[], R, K extends keyof IdempotencyHooks>(
-  o: Resolved<Args, R>,
-  name: K,
-  event: Parameters<NonNullable<IdempotencyHooks[K]>>[0],
-): void {
-  const fn = o.hooks[name] as ((e: typeof event) => void) | undefined;
-  if (fn === undefined) return;
-  try {
-    fn(event);
-  } catch (error) {
-    tellHookThrew(o.log, name, error, o.warned);
-  }
-}
-
-/** Reports a final decision to `onDecision`; nothing to do (no clock, no event) when it is not set. */
-function decided<Args extends unknown[], R>(
-  o: Resolved<Args, R>,
-  outcome: DecisionOutcome,
-  key: string | undefined,
-  waitStart: number | undefined,
-): void {
-  if (o.hooks.onDecision === undefined) return;
-  const event: DecisionEvent =
-    key === undefined ? { adapter: 'consumer', outcome } : { adapter: 'consumer', outcome, key };
-  if (waitStart !== undefined) event.waitedMs = Date.now() - waitStart;
-  hook(o, 'onDecision', event);
 }
 
 function computeKey<Args extends unknown[], R>(o: Resolved<Args, R>, args: Args): string {
@@ -365,7 +328,8 @@ async function execute<Args extends unknown[], R>(
   token: string,
 ): Promise<IdempotentOutcome<R>> {
   const lease = new Lease(o, key, token);
-  if (o.hooks.onExecutionStart !== undefined) hook(o, 'onExecutionStart', { adapter: 'consumer', key });
+  if (o.hooks.hooks.onExecutionStart !== undefined)
+    o.hooks.run('onExecutionStart', { adapter: 'consumer', key }, o.log);
   let value: R;
   try {
     value = await fn(...args);
@@ -376,10 +340,10 @@ async function execute<Args extends unknown[], R>(
     } else {
       try {
         if (await o.store.release(key, token))
-          hook(o, 'onRelease', { adapter: 'consumer', key, reason: 'error' });
+          o.hooks.run('onRelease', { adapter: 'consumer', key, reason: 'error' }, o.log);
         else fenced(o, key, 'release');
       } catch (releaseError) {
-        hook(o, 'onStoreError', { key, operation: 'release', error: releaseError });
+        o.hooks.run('onStoreError', { key, operation: 'release', error: releaseError }, o.log);
         o.log.error(
           { err: releaseError, key },
           followUnconfirmed(o, key, 'release', releaseError)
@@ -434,10 +398,10 @@ async function finish<Args extends unknown[], R>(
 ): Promise<void> {
   try {
     if (await o.store.complete(key, token, record, o.ttlMs))
-      hook(o, 'onComplete', { key, status: record.status });
+      o.hooks.run('onComplete', { key, status: record.status }, o.log);
     else fenced(o, key, 'complete');
   } catch (error) {
-    hook(o, 'onStoreError', { key, operation: 'complete', error });
+    o.hooks.run('onStoreError', { key, operation: 'complete', error }, o.log);
     o.log.error(
       { err: error, key },
       // A store may have written the record and failed only to confirm it, or go on writing and confirming it in
@@ -461,13 +425,14 @@ function followUnconfirmed<Args extends unknown[], R>(
   return followConfirmation(
     error,
     { adapter: 'consumer', key, operation },
-    (event) => hook(o, 'onUnconfirmedWrite', event),
+    (event) => o.hooks.run('onUnconfirmedWrite', event, o.log),
     o.log,
   );
 }
 
 function executionEnded<Args extends unknown[], R>(o: Resolved<Args, R>, key: string): void {
-  if (o.hooks.onExecutionEnd !== undefined) hook(o, 'onExecutionEnd', { adapter: 'consumer', key });
+  if (o.hooks.hooks.onExecutionEnd !== undefined)
+    o.hooks.run('onExecutionEnd', { adapter: 'consumer', key }, o.log);
 }
 
 function fenced<Args extends unknown[], R>(
@@ -475,7 +440,7 @@ function fenced<Args extends unknown[], R>(
   key: string,
   operation: 'complete' | 'release' | 'renew',
 ): void {
-  hook(o, 'onFenced', { adapter: 'consumer', key, operation });
+  o.hooks.run('onFenced', { adapter: 'consumer', key, operation }, o.log);
   o.log.warn(
     { key, operation },
     'oncely: this call lost its lease (it ran longer than lockTimeout without a renewal, so another call may have taken the key over); the store refused the write',
@@ -662,7 +627,7 @@ class Lease<Args extends unknown[], R> {
             else fenced(this.o, this.key, 'renew');
           },
           (error: unknown) => {
-            hook(this.o, 'onStoreError', { key: this.key, operation: 'renew', error });
+            this.o.hooks.run('onStoreError', { key: this.key, operation: 'renew', error }, this.o.log);
             this.o.log.warn({ err: error, key: this.key }, 'oncely: lease renewal failed; retrying');
             if (!this.#stopped) this.#schedule();
           },
@@ -710,18 +675,12 @@ function resolveIdempotentOptions<Args extends unknown[], R>(
     );
   }
   const log = o.logger === undefined ? silentLogger : checkLogger(o.logger);
-  const warned = new Set<WarningCode>();
-  const hooks = hooksOf(o) ?? {};
+  const hooks = new HookRunner(hooksOf(o) ?? {}, 'consumer', new Set<WarningCode>());
   const store = o.store === undefined ? new MemoryStore() : checkStore(o.store);
   return {
-    store: observedStore(store, 'consumer', hooks, (event) => {
-      const fn = hooks.onStoreOperation;
-      try {
-        fn?.(event);
-      } catch (error) {
-        tellHookThrew(log, 'onStoreOperation', error, warned);
-      }
-    }),
+    store: observedStore(store, 'consumer', hooks.hooks, (event) =>
+      hooks.run('onStoreOperation', event, log),
+    ),
     key: o.key,
     fingerprint: typeof o.fingerprint === 'function' ? o.fingerprint : undefined,
     ttlMs: o.ttl === undefined ? 86_400_000 : durationOption('ttl', o.ttl),
@@ -734,7 +693,6 @@ function resolveIdempotentOptions<Args extends unknown[], R>(
       o.maxResultBytes === undefined ? 1_048_576 : integerOption('maxResultBytes', o.maxResultBytes),
     maxKeyLength: o.maxKeyLength === undefined ? 255 : integerOption('maxKeyLength', o.maxKeyLength),
     log,
-    warned,
     hooks,
   };
 }

@@ -8,15 +8,10 @@ import {
 } from '../shared/checks';
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
+import { type DecisionOutcome, HookRunner } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
-import {
-  type DecisionOutcome,
-  type ExecutionEvent,
-  hooksOf,
-  type ObservableOptions,
-  observedStore,
-} from '../shared/observe';
-import { tell, tellHookThrew, type WarningCode } from '../shared/warnings';
+import { hooksOf, type ObservableOptions, observedStore } from '../shared/observe';
+import { tell, type WarningCode } from '../shared/warnings';
 import type { IdempotencyStore, TransactionalIdempotencyStore } from '../stores/store';
 import {
   IdempotencyInProgressError,
@@ -341,49 +336,30 @@ export function consumerRuntime<M>(
   // Observation hooks (and otel()'s), handed to idempotentOutcome; `decided` reports what it never sees: keys it is
   // not given, and the transactional path, which bypasses it.
   const hooks = hooksOf(options);
-  const decided = (outcome: DecisionOutcome, key?: string): void => {
-    if (hooks?.onDecision === undefined) return;
-    try {
-      hooks.onDecision(
-        key === undefined ? { adapter: 'consumer', outcome } : { adapter: 'consumer', outcome, key },
-      );
-    } catch (error) {
-      tellHookThrew(log, 'onDecision', error, warned);
-    }
-  };
+  const runner = new HookRunner(hooks ?? {}, 'consumer', warned);
+  const decided = (outcome: DecisionOutcome, key?: string): void =>
+    runner.decided(outcome, key, undefined, log);
   const rejected = (): void => decided('rejected');
-  const executionHook = (name: 'onExecutionStart' | 'onExecutionEnd', event: ExecutionEvent): void => {
-    try {
-      hooks?.[name]?.(event);
-    } catch (error) {
-      tellHookThrew(log, name, error, warned);
-    }
-  };
   // The transactional path's store timings and executions in flight, as idempotent() reports the plain path's.
   let observed: { given: TransactionalIdempotencyStore; wrapped: TransactionalIdempotencyStore } | undefined;
   const observation: TransactionObservation = {
     store(store) {
       if (hooks?.onStoreOperation === undefined) return store;
       if (observed?.given !== store) {
-        const onStoreOperation = hooks.onStoreOperation;
-        const wrapped = observedStore(store, 'consumer', hooks, (event) => {
-          try {
-            onStoreOperation(event);
-          } catch (error) {
-            tellHookThrew(log, 'onStoreOperation', error, warned);
-          }
-        });
+        const wrapped = observedStore(store, 'consumer', hooks, (event) =>
+          runner.run('onStoreOperation', event, log),
+        );
         observed = { given: store, wrapped };
       }
       return observed.wrapped;
     },
     async execute(key, work) {
       if (hooks?.onExecutionStart === undefined && hooks?.onExecutionEnd === undefined) return work();
-      executionHook('onExecutionStart', { adapter: 'consumer', key });
+      runner.run('onExecutionStart', { adapter: 'consumer', key }, log);
       try {
         return await work();
       } finally {
-        executionHook('onExecutionEnd', { adapter: 'consumer', key });
+        runner.run('onExecutionEnd', { adapter: 'consumer', key }, log);
       }
     },
   };

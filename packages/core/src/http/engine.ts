@@ -1,12 +1,8 @@
 import { asStoredFingerprint, hasLoneSurrogate } from '../shared/checks';
+import { HookRunner, type ReleaseEvent } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
-import {
-  type DecisionEvent,
-  type DecisionOutcome,
-  followConfirmation,
-  observedStore,
-} from '../shared/observe';
-import { errorText, tell, tellHookThrew, type WarningCode } from '../shared/warnings';
+import { followConfirmation, observedStore } from '../shared/observe';
+import { errorText, tell, type WarningCode } from '../shared/warnings';
 import type {
   AcquireResult,
   IdempotencyStore,
@@ -18,13 +14,7 @@ import type {
 import { defaultFingerprint } from './fingerprint';
 import { type OutgoingHeaderValue, storableHeaders } from './headers';
 import { type KeyProblem, parseKey } from './key';
-import {
-  type IdempotencyHooks,
-  type IdempotencyOptions,
-  type ReleaseEvent,
-  type ResolvedOptions,
-  resolveOptions,
-} from './options';
+import { type IdempotencyOptions, type ResolvedOptions, resolveOptions } from './options';
 import { PROBLEM_TYPES, problemResponse } from './problems';
 
 /** What the handler can read while oncely covers its request (`req.idempotency`). */
@@ -102,6 +92,8 @@ export class Idempotency<Req = unknown> {
    * wrapper timing each operation (shared/observe.ts).
    */
   readonly observedStore: IdempotencyStore;
+  /** @internal The guarded runner of this engine's hooks, shared with its executions. */
+  readonly hooks: HookRunner;
 
   constructor(
     options: IdempotencyOptions<Req> = {},
@@ -112,8 +104,10 @@ export class Idempotency<Req = unknown> {
     this.#unscopedWarning = base === undefined ? { given: false } : base.#unscopedWarning;
     this.#warned = base === undefined ? new Set() : base.#warned;
     const log = this.options.logger ?? silentLogger;
+    const hooks = new HookRunner(this.options.hooks, 'http', this.#warned);
+    this.hooks = hooks;
     this.observedStore = observedStore(this.options.store, 'http', this.options.hooks, (event) =>
-      this.#hook('onStoreOperation', event, log),
+      hooks.run('onStoreOperation', event, log),
     );
   }
 
@@ -171,7 +165,7 @@ export class Idempotency<Req = unknown> {
     if (raw === undefined) {
       if (!o.required) return PASS;
       log.debug({ header: o.header }, 'oncely: idempotency key missing');
-      this.#decided('rejected', undefined, undefined, log);
+      this.hooks.decided('rejected', undefined, undefined, log);
       return this.#problem(
         400,
         'keyMissing',
@@ -186,7 +180,7 @@ export class Idempotency<Req = unknown> {
         clientKey.problem === 'too-long'
           ? `The ${o.header} header is longer than ${o.maxKeyLength} characters.`
           : `The ${o.header} header ${KEY_PROBLEM_DETAIL[clientKey.problem]}.`;
-      this.#decided('rejected', undefined, undefined, log);
+      this.hooks.decided('rejected', undefined, undefined, log);
       return this.#problem(400, 'keyInvalid', 'Invalid idempotency key', detail);
     }
 
@@ -255,8 +249,8 @@ export class Idempotency<Req = unknown> {
     for (;;) {
       switch (result.status) {
         case 'acquired':
-          this.#hook('onMiss', { key }, log);
-          this.#decided('executed', key, waitStart, log);
+          this.hooks.run('onMiss', { key }, log);
+          this.hooks.decided('executed', key, waitStart, log);
           return {
             action: 'execute',
             execution: new Execution(
@@ -271,20 +265,20 @@ export class Idempotency<Req = unknown> {
         case 'completed':
           if (o.fingerprint !== false && result.fingerprint !== fingerprint)
             return this.#mismatch(key, log, waitStart);
-          this.#hook('onHit', { key }, log);
-          this.#decided('replayed', key, waitStart, log);
+          this.hooks.run('onHit', { key }, log);
+          this.hooks.decided('replayed', key, waitStart, log);
           return { action: 'respond', response: this.#replayOf(result.response), replayed: true };
         case 'in_progress': {
           if (o.fingerprint !== false && result.fingerprint !== fingerprint)
             return this.#mismatch(key, log, waitStart);
-          if (polls === 0) this.#hook('onConflict', { key, retryAfterMs: result.retryAfterMs }, log);
+          if (polls === 0) this.hooks.run('onConflict', { key, retryAfterMs: result.retryAfterMs }, log);
           const now = Date.now();
           if (o.waitMs !== undefined && deadline === undefined) {
             deadline = now + o.waitMs;
             waitStart = now;
           }
           if (deadline === undefined || now >= deadline) {
-            this.#decided('conflict', key, waitStart, log);
+            this.hooks.decided('conflict', key, waitStart, log);
             return this.#conflict();
           }
           // Sleep until the record changes, the lease runs out, or the wait ends. A store wake-up is trusted for
@@ -355,7 +349,7 @@ export class Idempotency<Req = unknown> {
     this.#unscopedWarning.given = true;
     const message = `oncely: a request with ${header === 'authorization' ? 'an Authorization' : 'a Cookie'} header is covered without a scope, so every caller shares one key space and a caller sending another's key gets that caller's stored response; set scope to the authenticated identity (scope: (req) => req.user.id, or scopeByHeader('authorization', { secret }) for API keys), or scope: false if one key space is intended. Said once. ${UNSCOPED_DOCS}`;
     tell(log, 'warn', 'ONCELY_UNSCOPED_CREDENTIALS', { header, docs: UNSCOPED_DOCS }, message, this.#warned);
-    this.#hook('onUnscopedCredentials', { header }, log);
+    this.hooks.run('onUnscopedCredentials', { header }, log);
   }
 
   #acquire(key: string, fingerprint: string): Promise<AcquireResult | TransactionAcquiredResult> {
@@ -364,44 +358,6 @@ export class Idempotency<Req = unknown> {
     return o.transactional
       ? (this.observedStore as TransactionalIdempotencyStore).acquireInTransaction(key, options)
       : this.observedStore.acquire(key, options);
-  }
-
-  /** Reports a final decision to `onDecision`; nothing to do (no clock, no event) when it is not set. */
-  #decided(
-    outcome: DecisionOutcome,
-    key: string | undefined,
-    waitStart: number | undefined,
-    log: Logger,
-  ): void {
-    if (this.options.hooks.onDecision === undefined) return;
-    const event: DecisionEvent =
-      key === undefined ? { adapter: 'http', outcome } : { adapter: 'http', outcome, key };
-    if (waitStart !== undefined) event.waitedMs = Date.now() - waitStart;
-    this.#hook('onDecision', event, log);
-  }
-
-  /** Runs a hook, never letting it break a request. */
-  #hook<K extends keyof IdempotencyHooks>(
-    name: K,
-    event: Parameters<NonNullable<IdempotencyHooks[K]>>[0],
-    log: Logger,
-  ): void {
-    const hook = this.options.hooks[name] as ((e: typeof event) => void) | undefined;
-    if (hook === undefined) return;
-    try {
-      hook(event);
-    } catch (error) {
-      tellHookThrew(log, name, error, this.#warned);
-    }
-  }
-
-  /** @internal used by Execution */
-  hook<K extends keyof IdempotencyHooks>(
-    name: K,
-    event: Parameters<NonNullable<IdempotencyHooks[K]>>[0],
-    log: Logger,
-  ): void {
-    this.#hook(name, event, log);
   }
 
   #problem(
@@ -419,8 +375,8 @@ export class Idempotency<Req = unknown> {
   }
 
   #mismatch(key: string, log: Logger, waitStart: number | undefined): HttpDecision {
-    this.#hook('onMismatch', { key }, log);
-    this.#decided('mismatch', key, waitStart, log);
+    this.hooks.run('onMismatch', { key }, log);
+    this.hooks.decided('mismatch', key, waitStart, log);
     log.info({ key }, 'oncely: idempotency key reused with a different request');
     return this.#problem(
       422,
@@ -464,8 +420,8 @@ export class Idempotency<Req = unknown> {
     clientKey: string,
     waitStart: number | undefined,
   ): HttpDecision {
-    this.#hook('onStoreError', { key, operation: 'acquire', error }, log);
-    this.#decided('store_error', key, waitStart, log);
+    this.hooks.run('onStoreError', { key, operation: 'acquire', error }, log);
+    this.hooks.decided('store_error', key, waitStart, log);
     if (this.options.failOpen) {
       this.#storeUnavailable(
         log,
@@ -535,7 +491,7 @@ export class Execution {
     this.maxBodyBytes = engine.options.maxBodyBytes;
     this.bufferLimit = transaction === undefined ? this.maxBodyBytes : Number.POSITIVE_INFINITY;
     if (engine.options.hooks.onExecutionStart !== undefined)
-      engine.hook('onExecutionStart', { adapter: 'http', key }, log);
+      engine.hooks.run('onExecutionStart', { adapter: 'http', key }, log);
     if (token !== undefined && transaction === undefined) this.#scheduleRenewal();
   }
 
@@ -599,10 +555,10 @@ export class Execution {
         { status: captured.status, headers, body },
         o.ttlMs,
       );
-      if (stored) this.#engine.hook('onComplete', { key: this.key, status: captured.status }, this.#log);
+      if (stored) this.#engine.hooks.run('onComplete', { key: this.key, status: captured.status }, this.#log);
       else this.#fenced('complete');
     } catch (error) {
-      this.#engine.hook('onStoreError', { key: this.key, operation: 'complete', error }, this.#log);
+      this.#engine.hooks.run('onStoreError', { key: this.key, operation: 'complete', error }, this.#log);
       // A store may go on writing and confirming the record in the background (RedisStore's waitForReplicas): the
       // response is sent now all the same, as it would be after any failed completion.
       const confirming = this.#followConfirmation('complete', error);
@@ -622,12 +578,12 @@ export class Execution {
     const transaction = this.#transaction as StoreTransaction;
     try {
       if (await transaction.commit(response, this.#engine.options.ttlMs)) {
-        this.#engine.hook('onComplete', { key: this.key, status: response.status }, this.#log);
+        this.#engine.hooks.run('onComplete', { key: this.key, status: response.status }, this.#log);
         return undefined;
       }
       this.#fenced('complete');
     } catch (error) {
-      this.#engine.hook('onStoreError', { key: this.key, operation: 'complete', error }, this.#log);
+      this.#engine.hooks.run('onStoreError', { key: this.key, operation: 'complete', error }, this.#log);
       this.#log.error(
         { err: error, key: this.key },
         'oncely: the transaction did not commit; nothing the handler wrote was kept',
@@ -715,7 +671,7 @@ export class Execution {
     this.#settled = true;
     if (this.#timer !== undefined) clearTimeout(this.#timer);
     if (this.#engine.options.hooks.onExecutionEnd !== undefined)
-      this.#engine.hook('onExecutionEnd', { adapter: 'http', key: this.key }, this.#log);
+      this.#engine.hooks.run('onExecutionEnd', { adapter: 'http', key: this.key }, this.#log);
     return false;
   }
 
@@ -723,7 +679,7 @@ export class Execution {
     if (this.#transaction !== undefined) {
       try {
         await this.#transaction.rollback();
-        this.#engine.hook(
+        this.#engine.hooks.run(
           'onRelease',
           status === undefined
             ? { adapter: 'http', key: this.key, reason }
@@ -731,7 +687,7 @@ export class Execution {
           this.#log,
         );
       } catch (error) {
-        this.#engine.hook('onStoreError', { key: this.key, operation: 'release', error }, this.#log);
+        this.#engine.hooks.run('onStoreError', { key: this.key, operation: 'release', error }, this.#log);
         this.#log.error(
           { err: error, key: this.key },
           'oncely: rollback failed; the database ends the transaction when the connection closes',
@@ -742,7 +698,7 @@ export class Execution {
     try {
       const released = await this.#engine.observedStore.release(this.key, this.#token as string);
       if (released)
-        this.#engine.hook(
+        this.#engine.hooks.run(
           'onRelease',
           status === undefined
             ? { adapter: 'http', key: this.key, reason }
@@ -751,7 +707,7 @@ export class Execution {
         );
       else this.#fenced('release');
     } catch (error) {
-      this.#engine.hook('onStoreError', { key: this.key, operation: 'release', error }, this.#log);
+      this.#engine.hooks.run('onStoreError', { key: this.key, operation: 'release', error }, this.#log);
       this.#log.error(
         { err: error, key: this.key },
         this.#followConfirmation('release', error)
@@ -768,13 +724,13 @@ export class Execution {
     return followConfirmation(
       error,
       { adapter: 'http', key: this.key, operation },
-      (event) => engine.hook('onUnconfirmedWrite', event, log),
+      (event) => engine.hooks.run('onUnconfirmedWrite', event, log),
       log,
     );
   }
 
   #fenced(operation: 'complete' | 'release' | 'renew'): void {
-    this.#engine.hook('onFenced', { adapter: 'http', key: this.key, operation }, this.#log);
+    this.#engine.hooks.run('onFenced', { adapter: 'http', key: this.key, operation }, this.#log);
     this.#log.warn(
       { key: this.key, operation },
       'oncely: this request lost its lease (it ran longer than lockTimeout without a renewal); the store refused the write',
@@ -793,7 +749,7 @@ export class Execution {
             else this.#fenced('renew');
           },
           (error: unknown) => {
-            this.#engine.hook('onStoreError', { key: this.key, operation: 'renew', error }, this.#log);
+            this.#engine.hooks.run('onStoreError', { key: this.key, operation: 'renew', error }, this.#log);
             this.#log.warn({ err: error, key: this.key }, 'oncely: lease renewal failed; retrying');
             if (!this.#settled) this.#scheduleRenewal();
           },

@@ -1,120 +1,12 @@
 import { checkLogger, checkStore, positiveDuration } from '../shared/checks';
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
+import type { IdempotencyHooks } from '../shared/hooks';
 import type { Logger } from '../shared/logger';
-import {
-  type AdapterKind,
-  type DecisionEvent,
-  type ExecutionEvent,
-  hooksOver,
-  type ObservableOptions,
-  type StoreOperationEvent,
-  type UnconfirmedWriteOutcome,
-} from '../shared/observe';
+import { hooksOver, type ObservableOptions } from '../shared/observe';
 import { MemoryStore } from '../stores/memory-store';
 import type { IdempotencyStore, TransactionalIdempotencyStore } from '../stores/store';
 import { ALWAYS_EXCLUDED_HEADERS, TOKEN } from './headers';
-
-/** Payloads of the observation hooks. `key` is the store key (scope included). */
-export interface IdempotencyEvent {
-  key: string;
-}
-export interface ConflictEvent extends IdempotencyEvent {
-  retryAfterMs: number;
-}
-export interface StoreErrorEvent {
-  key?: string;
-  operation: 'acquire' | 'complete' | 'release' | 'renew';
-  error: unknown;
-}
-export interface FencedEvent extends IdempotencyEvent {
-  operation: 'complete' | 'release' | 'renew';
-  /** Who reported it: the engine (`'http'`) or `idempotent()` (`'consumer'`). */
-  adapter?: AdapterKind;
-}
-export interface ReleaseEvent extends IdempotencyEvent {
-  /** Who reported it: the engine (`'http'`) or `idempotent()` (`'consumer'`). */
-  adapter?: AdapterKind;
-  /**
-   * Why the key was released: `'not-cacheable'` (the status is not one `cacheable` keeps; `status` says which),
-   * `'error'` (the handler or function threw, or the framework routed an error), `'client-gone'` (HTTP only: the
-   * client left while the store was asked, so the handler did not run).
-   */
-  reason: 'not-cacheable' | 'error' | 'client-gone';
-  status?: number;
-}
-export interface CompleteEvent extends IdempotencyEvent {
-  status: number;
-}
-/**
- * A write the store made but could not confirm in time, and how it ended (RedisStore's `waitForReplicas`: fewer
- * replicas than asked confirmed a completion or a release; the store re-sends it in the background).
- */
-export interface UnconfirmedWriteEvent extends IdempotencyEvent {
-  /** Who reported it: the engine (`'http'`) or `idempotent()` (`'consumer'`). */
-  adapter: AdapterKind;
-  operation: 'complete' | 'release';
-  /**
-   * `'unconfirmed'` once, when the write is left unconfirmed (the response is sent all the same); then once, how it
-   * ended: `'confirmed'` (a re-sent write was confirmed), `'lost'` (the key is no longer this execution's: its lease
-   * ended or another request took the key, so for a completion a retry runs again; for a release, nothing is left
-   * to release), `'expired'` (a completion's `ttl`, counted from its first write, ran out before it was confirmed: a
-   * retry would run again by then anyway), `'gave_up'` (the store stopped re-sending: its bound ran out, or it was
-   * closed).
-   */
-  outcome: 'unconfirmed' | UnconfirmedWriteOutcome;
-}
-
-/** A covered request carried credentials while the engine has no `scope` (reported once per engine). */
-export interface UnscopedCredentialsEvent {
-  /** The credential header seen: `'authorization'` or `'cookie'`. Its value is never passed. */
-  header: 'authorization' | 'cookie';
-}
-
-/**
- * Callbacks to observe what the engine decides. They run synchronously on the request path: keep them cheap.
- * An exception thrown by a hook is logged and swallowed; it never changes the answer.
- */
-export interface IdempotencyHooks {
-  /** A completed record was replayed. */
-  onHit?(event: IdempotencyEvent): void;
-  /** No live record: this request acquired the key and runs the handler. */
-  onMiss?(event: IdempotencyEvent): void;
-  /** The key is held by a request still running: 409/429 (or a wait). */
-  onConflict?(event: ConflictEvent): void;
-  /** The key was reused with a different request fingerprint: 422. */
-  onMismatch?(event: IdempotencyEvent): void;
-  /** The store failed or timed out. */
-  onStoreError?(event: StoreErrorEvent): void;
-  /** The store refused an operation because this request's lease had expired and its token no longer owns the key. */
-  onFenced?(event: FencedEvent): void;
-  /** The handler's response was stored. */
-  onComplete?(event: CompleteEvent): void;
-  /** The key was released so the next request runs the handler again. */
-  onRelease?(event: ReleaseEvent): void;
-  /**
-   * A completion or release the store wrote but could not confirm in time (`outcome: 'unconfirmed'`), then how it
-   * ended: two events per such write. Only stores that confirm writes report it (RedisStore with `waitForReplicas`).
-   */
-  onUnconfirmedWrite?(event: UnconfirmedWriteEvent): void;
-  /**
-   * A covered request carried `Authorization` or `Cookie` and no `scope` is set: any client sending the same key
-   * would get this caller's stored response (docs/security.md). Called once per engine, beside a logged warning;
-   * never with `scope` set or `scope: false`.
-   */
-  onUnscopedCredentials?(event: UnscopedCredentialsEvent): void;
-  /**
-   * The final decision for a request or message, once (after a wait, if any), with how long it waited. One event
-   * per decision, so counting them counts requests; `onHit`, `onConflict` and the others say the same more finely.
-   */
-  onDecision?(event: DecisionEvent): void;
-  /** A store operation finished (or failed), with its duration. Setting this hook is what turns timing on. */
-  onStoreOperation?(event: StoreOperationEvent): void;
-  /** A handler (or consumer function) started running under a key; `onExecutionEnd` follows exactly once. */
-  onExecutionStart?(event: ExecutionEvent): void;
-  /** The execution `onExecutionStart` announced was settled: completed, released, failed, or given up. */
-  onExecutionEnd?(event: ExecutionEvent): void;
-}
 
 /**
  * Options shared by every adapter. `Req` is the framework's request type (Express `Request`, Fastify

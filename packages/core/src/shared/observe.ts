@@ -1,56 +1,19 @@
-import type { IdempotencyHooks, UnconfirmedWriteEvent } from '../http/options';
 import type { IdempotencyStore, StoreTransaction } from '../stores/store';
 import { IdempotencyOptionsError } from './errors';
+import type {
+  AdapterKind,
+  IdempotencyHooks,
+  StoreOperation,
+  StoreOperationEvent,
+  UnconfirmedWriteEvent,
+  UnconfirmedWriteOutcome,
+} from './hooks';
 import type { Logger } from './logger';
 
 // The one place where the engine and idempotent() (hence every consumer) report what the other hooks cannot see:
 // decisions, store operation durations and executions in flight. The logger, user hooks and @oncely/opentelemetry
 // all read these same events. With none of these hooks set nothing here runs: the store is used as given and no
-// clock is read (the engine micro-benchmark's first execution, without hooks, before and after these events were
-// added: best of 10 rounds 4.49-4.73 µs and 4.46-4.58 µs, three alternating runs each, on 2026-11-23).
-
-/** Which side of oncely made a decision: an HTTP adapter (the engine) or `idempotent()` and the broker wrappers. */
-export type AdapterKind = 'http' | 'consumer';
-
-/** A store operation timed by `onStoreOperation`. */
-export type StoreOperation = 'acquire' | 'complete' | 'release' | 'renew';
-
-/**
- * The decision made for one request or message, once, when it is final (after a wait, if any):
- * `executed` the handler runs; `replayed` a stored response/result is returned; `conflict` the key is held by a
- * running request (409/429, or a consumer's delay); `mismatch` the key was reused with another fingerprint (422);
- * `rejected` the key is missing (and required) or malformed (400; a consumer dead-letters); `store_error` the store
- * failed at acquire (503, or fail-open execution; a consumer's delay).
- */
-export type DecisionOutcome = 'executed' | 'replayed' | 'conflict' | 'mismatch' | 'rejected' | 'store_error';
-
-export interface DecisionEvent {
-  adapter: AdapterKind;
-  outcome: DecisionOutcome;
-  /** The store key (scope included), when there is one (not for a missing or malformed key). */
-  key?: string;
-  /** Set when the request waited in wait mode (`inProgress: { wait }`) before this decision: how long, in ms. */
-  waitedMs?: number;
-}
-
-export interface StoreOperationEvent {
-  adapter: AdapterKind;
-  operation: StoreOperation;
-  result: 'ok' | 'error';
-  /** Wall time of the store call, in ms (fractional). */
-  durationMs: number;
-  /** The store's class name (`MemoryStore`, `RedisStore`), or `'custom'` for an object store. */
-  store: string;
-  key: string;
-  /**
-   * When `result` is `'error'`: the class name of what the store threw (`ReplyError`, `TimeoutError`), or `'_OTHER'`
-   * when it has none that reads as one (OpenTelemetry's `error.type` convention: bounded by the code, not the data).
-   */
-  errorType?: string;
-}
-
-/** How a write the store could not confirm in time ended (`onUnconfirmedWrite`). */
-export type UnconfirmedWriteOutcome = 'confirmed' | 'lost' | 'gave_up';
+// clock is read, so the hot path pays nothing for them.
 
 /**
  * The confirmation a store error carries when the store goes on confirming the write in the background
@@ -100,12 +63,6 @@ export function followConfirmation(
     () => {},
   );
   return true;
-}
-
-/** An execution (a handler or consumer function running under a key, or unprotected in fail-open) began or ended. */
-export interface ExecutionEvent {
-  adapter: AdapterKind;
-  key: string;
 }
 
 /**
