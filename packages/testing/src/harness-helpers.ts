@@ -9,7 +9,7 @@ import {
   MemoryStore,
 } from '@oncely/core';
 import { sleep, waitUntil } from './consumers';
-import type { TestApp, TestAppOptions, TestRequest } from './http-suite';
+import type { TestApp, TestAppOptions, TestRequest } from './suite-types';
 
 /** Counts handler runs per route: `hit(route)` in a handler, `count(route)` for `TestApp.count`. */
 export function routeCounts(): { hit(route: string): number; count(route: string): number } {

@@ -5,7 +5,7 @@ import { inspect } from 'node:util';
 import { type IdempotencyStore, MemoryStore } from '@oncely/core';
 import request from 'supertest';
 import { sleep } from './consumers';
-import { type AdapterHarness, recordingLogger, type TestApp, type TestAppOptions } from './http-suite';
+import { type AdapterHarness, recordingLogger, type TestApp, type TestAppOptions } from './suite-types';
 
 /**
  * Routes every harness serves for these cases, besides those of `TestApp`:

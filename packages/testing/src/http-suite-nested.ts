@@ -7,7 +7,7 @@ import {
   type TestApp,
   type TestAppOptions,
   type TestRequest,
-} from './http-suite';
+} from './suite-types';
 
 /** The user a test request is sent as (`x-user`), for a per-user scope. */
 const byUser = (req: TestRequest): string => `user:${String(req.headers['x-user'])}`;

@@ -3,7 +3,7 @@ import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { inspect } from 'node:util';
 import type { IdempotencyOptions, IdempotencyStore, Logger } from '@oncely/core';
 import fc from 'fast-check';
-import type { RedisClientLike } from './http-suite';
+import type { RedisClientLike } from './suite-types';
 
 /*
  * The model-based test: random sequences of requests against one adapter on one store, and after each sequence the
