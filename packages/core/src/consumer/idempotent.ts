@@ -11,7 +11,8 @@ import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
 import { HookRunner, type IdempotencyHooks } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
-import { followConfirmation, hooksOf, type ObservableOptions, observedStore } from '../shared/observe';
+import { hooksOf, type ObservableOptions, observedStore } from '../shared/observe';
+import { KeyProtocol, Lease } from '../shared/protocol';
 import type { WarningCode } from '../shared/warnings';
 import { MemoryStore } from '../stores/memory-store';
 import type { AcquireResult, IdempotencyStore, StoredResponse } from '../stores/store';
@@ -101,6 +102,8 @@ interface Resolved<Args extends unknown[], R> {
   log: Logger;
   /** This wrapper's hooks, run guarded; its process warnings (without a logger) are said once each. */
   hooks: HookRunner;
+  /** What its calls do with each answer of the store (completion, release, renewal). */
+  protocol: KeyProtocol;
 }
 
 // How a record written by idempotent() says what it holds: a result, a permanent failure, or "ran, not storable".
@@ -327,7 +330,7 @@ async function execute<Args extends unknown[], R>(
   key: string,
   token: string,
 ): Promise<IdempotentOutcome<R>> {
-  const lease = new Lease(o, key, token);
+  const lease = new Lease(o.protocol, key, token, o.log);
   if (o.hooks.hooks.onExecutionStart !== undefined)
     o.hooks.run('onExecutionStart', { adapter: 'consumer', key }, o.log);
   let value: R;
@@ -339,17 +342,9 @@ async function execute<Args extends unknown[], R>(
       await finish(o, key, token, failureRecord(error), 'a permanent failure');
     } else {
       try {
-        if (await o.store.release(key, token))
-          o.hooks.run('onRelease', { adapter: 'consumer', key, reason: 'error' }, o.log);
-        else fenced(o, key, 'release');
+        o.protocol.released(key, await o.store.release(key, token), 'error', undefined, o.log);
       } catch (releaseError) {
-        o.hooks.run('onStoreError', { key, operation: 'release', error: releaseError }, o.log);
-        o.log.error(
-          { err: releaseError, key },
-          followUnconfirmed(o, key, 'release', releaseError)
-            ? 'oncely: the store could not confirm that its replicas have the release (not confirmed in time, or no reply); it re-sends it until they do'
-            : 'oncely: could not release the key after a failure; it frees itself when its lease ends',
-        );
+        o.protocol.releaseFailed(key, releaseError, o.log);
       }
     }
     executionEnded(o, key);
@@ -397,54 +392,15 @@ async function finish<Args extends unknown[], R>(
   what: string,
 ): Promise<void> {
   try {
-    if (await o.store.complete(key, token, record, o.ttlMs))
-      o.hooks.run('onComplete', { key, status: record.status }, o.log);
-    else fenced(o, key, 'complete');
+    o.protocol.completed(key, await o.store.complete(key, token, record, o.ttlMs), record.status, o.log);
   } catch (error) {
-    o.hooks.run('onStoreError', { key, operation: 'complete', error }, o.log);
-    o.log.error(
-      { err: error, key },
-      // A store may have written the record and failed only to confirm it, or go on writing and confirming it in
-      // the background (RedisStore's waitForReplicas).
-      followUnconfirmed(o, key, 'complete', error)
-        ? `oncely: the store could not confirm that its replicas have ${what} (not confirmed in time, or no reply); it re-sends it until they do`
-        : (error as { recordWritten?: unknown } | null)?.recordWritten === true
-          ? `oncely: ${what} was stored but its durability was not confirmed; a failover before it replicates would let a retry run the function again`
-          : `oncely: could not store ${what}; once the lease ends, a retry with this key runs the function again`,
-    );
+    o.protocol.completeFailed(key, error, what, o.log);
   }
-}
-
-/** Reports a write the store is still confirming to `onUnconfirmedWrite`, now and when it ends; false if not one. */
-function followUnconfirmed<Args extends unknown[], R>(
-  o: Resolved<Args, R>,
-  key: string,
-  operation: 'complete' | 'release',
-  error: unknown,
-): boolean {
-  return followConfirmation(
-    error,
-    { adapter: 'consumer', key, operation },
-    (event) => o.hooks.run('onUnconfirmedWrite', event, o.log),
-    o.log,
-  );
 }
 
 function executionEnded<Args extends unknown[], R>(o: Resolved<Args, R>, key: string): void {
   if (o.hooks.hooks.onExecutionEnd !== undefined)
     o.hooks.run('onExecutionEnd', { adapter: 'consumer', key }, o.log);
-}
-
-function fenced<Args extends unknown[], R>(
-  o: Resolved<Args, R>,
-  key: string,
-  operation: 'complete' | 'release' | 'renew',
-): void {
-  o.hooks.run('onFenced', { adapter: 'consumer', key, operation }, o.log);
-  o.log.warn(
-    { key, operation },
-    'oncely: this call lost its lease (it ran longer than lockTimeout without a renewal, so another call may have taken the key over); the store refused the write',
-  );
 }
 
 function isPermanentSafely<Args extends unknown[], R>(o: Resolved<Args, R>, error: unknown): boolean {
@@ -598,48 +554,6 @@ function messageOf(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
-/** Renews the lease every third of lockTimeout while fn runs, as the engine's Execution does. */
-class Lease<Args extends unknown[], R> {
-  #timer: NodeJS.Timeout | undefined;
-  #stopped = false;
-
-  constructor(
-    readonly o: Resolved<Args, R>,
-    readonly key: string,
-    readonly token: string,
-  ) {
-    this.#schedule();
-  }
-
-  stop(): void {
-    this.#stopped = true;
-    if (this.#timer !== undefined) clearTimeout(this.#timer);
-  }
-
-  #schedule(): void {
-    this.#timer = setTimeout(
-      () => {
-        this.#timer = undefined;
-        this.o.store.renew(this.key, this.token, this.o.lockTimeoutMs).then(
-          (renewed) => {
-            if (this.#stopped) return;
-            if (renewed) this.#schedule();
-            else fenced(this.o, this.key, 'renew');
-          },
-          (error: unknown) => {
-            this.o.hooks.run('onStoreError', { key: this.key, operation: 'renew', error }, this.o.log);
-            this.o.log.warn({ err: error, key: this.key }, 'oncely: lease renewal failed; retrying');
-            if (!this.#stopped) this.#schedule();
-          },
-        );
-      },
-      Math.max(1, Math.floor(this.o.lockTimeoutMs / 3)),
-    );
-    // A pending renewal must not keep a process alive on its own.
-    this.#timer.unref();
-  }
-}
-
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms).unref());
 }
@@ -677,7 +591,7 @@ function resolveIdempotentOptions<Args extends unknown[], R>(
   const log = o.logger === undefined ? silentLogger : checkLogger(o.logger);
   const hooks = new HookRunner(hooksOf(o) ?? {}, 'consumer', new Set<WarningCode>());
   const store = o.store === undefined ? new MemoryStore() : checkStore(o.store);
-  return {
+  const resolved: Omit<Resolved<Args, R>, 'protocol'> = {
     store: observedStore(store, 'consumer', hooks.hooks, (event) =>
       hooks.run('onStoreOperation', event, log),
     ),
@@ -695,6 +609,7 @@ function resolveIdempotentOptions<Args extends unknown[], R>(
     log,
     hooks,
   };
+  return { ...resolved, protocol: new KeyProtocol(resolved.store, hooks, resolved.lockTimeoutMs) };
 }
 
 function checkInProgress(value: unknown): number | undefined {

@@ -1,7 +1,8 @@
 import { asStoredFingerprint, hasLoneSurrogate } from '../shared/checks';
 import { HookRunner, type ReleaseEvent } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
-import { followConfirmation, observedStore } from '../shared/observe';
+import { observedStore } from '../shared/observe';
+import { KeyProtocol, Lease } from '../shared/protocol';
 import { errorText, tell, type WarningCode } from '../shared/warnings';
 import type {
   AcquireResult,
@@ -94,6 +95,8 @@ export class Idempotency<Req = unknown> {
   readonly observedStore: IdempotencyStore;
   /** @internal The guarded runner of this engine's hooks, shared with its executions. */
   readonly hooks: HookRunner;
+  /** @internal What its executions do with each answer of the store (completion, release, renewal). */
+  readonly protocol: KeyProtocol;
 
   constructor(
     options: IdempotencyOptions<Req> = {},
@@ -109,6 +112,7 @@ export class Idempotency<Req = unknown> {
     this.observedStore = observedStore(this.options.store, 'http', this.options.hooks, (event) =>
       hooks.run('onStoreOperation', event, log),
     );
+    this.protocol = new KeyProtocol(this.observedStore, hooks, this.options.lockTimeoutMs);
   }
 
   /** An engine with `overrides` over this one's options (a route's options over its plugin's). */
@@ -468,7 +472,7 @@ export class Execution {
   readonly #token: string | undefined;
   readonly #log: Logger;
   readonly #transaction: StoreTransaction | undefined;
-  #timer: NodeJS.Timeout | undefined;
+  readonly #lease: Lease | undefined;
   #settled = false;
   #headersBefore: Readonly<Record<string, OutgoingHeaderValue>> | undefined;
 
@@ -492,7 +496,10 @@ export class Execution {
     this.bufferLimit = transaction === undefined ? this.maxBodyBytes : Number.POSITIVE_INFINITY;
     if (engine.options.hooks.onExecutionStart !== undefined)
       engine.hooks.run('onExecutionStart', { adapter: 'http', key }, log);
-    if (token !== undefined && transaction === undefined) this.#scheduleRenewal();
+    this.#lease =
+      token !== undefined && transaction === undefined
+        ? new Lease(engine.protocol, key, token, log)
+        : undefined;
   }
 
   /** The transaction's database client in transactional mode (`req.idempotency.db`); otherwise `undefined`. */
@@ -548,28 +555,18 @@ export class Execution {
       body = EMPTY;
     }
     if (this.#transaction !== undefined) return this.#commit({ status: captured.status, headers, body });
+    const protocol = this.#engine.protocol;
     try {
-      const stored = await this.#engine.observedStore.complete(
+      const stored = await protocol.store.complete(
         this.key,
         this.#token,
         { status: captured.status, headers, body },
         o.ttlMs,
       );
-      if (stored) this.#engine.hooks.run('onComplete', { key: this.key, status: captured.status }, this.#log);
-      else this.#fenced('complete');
+      protocol.completed(this.key, stored, captured.status, this.#log);
     } catch (error) {
-      this.#engine.hooks.run('onStoreError', { key: this.key, operation: 'complete', error }, this.#log);
-      // A store may go on writing and confirming the record in the background (RedisStore's waitForReplicas): the
-      // response is sent now all the same, as it would be after any failed completion.
-      const confirming = this.#followConfirmation('complete', error);
-      this.#log.error(
-        { err: error, key: this.key },
-        confirming
-          ? 'oncely: the store could not confirm that its replicas have the response (not confirmed in time, or no reply); it re-sends it until they do'
-          : (error as { recordWritten?: unknown } | null)?.recordWritten === true
-            ? 'oncely: the response was stored but its durability was not confirmed; a failover before it replicates would let a retry run the handler again'
-            : 'oncely: could not store the response; a retry after the lease ends will run the handler again',
-      );
+      // The response is sent all the same, as after any failed completion (even one the store goes on confirming).
+      protocol.completeFailed(this.key, error, 'the response', this.#log);
     }
     return undefined;
   }
@@ -577,11 +574,9 @@ export class Execution {
   async #commit(response: StoredResponse): Promise<StoredResponse | undefined> {
     const transaction = this.#transaction as StoreTransaction;
     try {
-      if (await transaction.commit(response, this.#engine.options.ttlMs)) {
-        this.#engine.hooks.run('onComplete', { key: this.key, status: response.status }, this.#log);
-        return undefined;
-      }
-      this.#fenced('complete');
+      const committed = await transaction.commit(response, this.#engine.options.ttlMs);
+      this.#engine.protocol.completed(this.key, committed, response.status, this.#log);
+      if (committed) return undefined;
     } catch (error) {
       this.#engine.hooks.run('onStoreError', { key: this.key, operation: 'complete', error }, this.#log);
       this.#log.error(
@@ -669,25 +664,20 @@ export class Execution {
   #settle(): boolean {
     if (this.#settled) return true;
     this.#settled = true;
-    if (this.#timer !== undefined) clearTimeout(this.#timer);
+    this.#lease?.stop();
     if (this.#engine.options.hooks.onExecutionEnd !== undefined)
       this.#engine.hooks.run('onExecutionEnd', { adapter: 'http', key: this.key }, this.#log);
     return false;
   }
 
   async #release(reason: ReleaseEvent['reason'], status?: number): Promise<void> {
+    const protocol = this.#engine.protocol;
     if (this.#transaction !== undefined) {
       try {
         await this.#transaction.rollback();
-        this.#engine.hooks.run(
-          'onRelease',
-          status === undefined
-            ? { adapter: 'http', key: this.key, reason }
-            : { adapter: 'http', key: this.key, reason, status },
-          this.#log,
-        );
+        protocol.released(this.key, true, reason, status, this.#log);
       } catch (error) {
-        this.#engine.hooks.run('onStoreError', { key: this.key, operation: 'release', error }, this.#log);
+        protocol.hooks.run('onStoreError', { key: this.key, operation: 'release', error }, this.#log);
         this.#log.error(
           { err: error, key: this.key },
           'oncely: rollback failed; the database ends the transaction when the connection closes',
@@ -696,68 +686,11 @@ export class Execution {
       return;
     }
     try {
-      const released = await this.#engine.observedStore.release(this.key, this.#token as string);
-      if (released)
-        this.#engine.hooks.run(
-          'onRelease',
-          status === undefined
-            ? { adapter: 'http', key: this.key, reason }
-            : { adapter: 'http', key: this.key, reason, status },
-          this.#log,
-        );
-      else this.#fenced('release');
+      const released = await protocol.store.release(this.key, this.#token as string);
+      protocol.released(this.key, released, reason, status, this.#log);
     } catch (error) {
-      this.#engine.hooks.run('onStoreError', { key: this.key, operation: 'release', error }, this.#log);
-      this.#log.error(
-        { err: error, key: this.key },
-        this.#followConfirmation('release', error)
-          ? 'oncely: the store could not confirm that its replicas have the release (not confirmed in time, or no reply); it re-sends it until they do'
-          : 'oncely: could not release the key; it frees itself when its lease ends',
-      );
+      protocol.releaseFailed(this.key, error, this.#log);
     }
-  }
-
-  /** Reports a write the store is still confirming to `onUnconfirmedWrite`, now and when it ends; false if not one. */
-  #followConfirmation(operation: 'complete' | 'release', error: unknown): boolean {
-    const engine = this.#engine;
-    const log = this.#log;
-    return followConfirmation(
-      error,
-      { adapter: 'http', key: this.key, operation },
-      (event) => engine.hooks.run('onUnconfirmedWrite', event, log),
-      log,
-    );
-  }
-
-  #fenced(operation: 'complete' | 'release' | 'renew'): void {
-    this.#engine.hooks.run('onFenced', { adapter: 'http', key: this.key, operation }, this.#log);
-    this.#log.warn(
-      { key: this.key, operation },
-      'oncely: this request lost its lease (it ran longer than lockTimeout without a renewal); the store refused the write',
-    );
-  }
-
-  #scheduleRenewal(): void {
-    const lockTimeoutMs = this.#engine.options.lockTimeoutMs;
-    this.#timer = setTimeout(
-      () => {
-        this.#timer = undefined;
-        this.#engine.observedStore.renew(this.key, this.#token as string, lockTimeoutMs).then(
-          (renewed) => {
-            if (this.#settled) return;
-            if (renewed) this.#scheduleRenewal();
-            else this.#fenced('renew');
-          },
-          (error: unknown) => {
-            this.#engine.hooks.run('onStoreError', { key: this.key, operation: 'renew', error }, this.#log);
-            this.#log.warn({ err: error, key: this.key }, 'oncely: lease renewal failed; retrying');
-            if (!this.#settled) this.#scheduleRenewal();
-          },
-        );
-      },
-      Math.max(1, Math.floor(lockTimeoutMs / 3)),
-    );
-    this.#timer.unref();
   }
 }
 

@@ -1,0 +1,181 @@
+import type { IdempotencyStore } from '../stores/store';
+import type { AdapterKind, HookRunner, ReleaseEvent } from './hooks';
+import type { Logger } from './logger';
+import { followConfirmation } from './observe';
+
+// The key protocol that the HTTP engine and idempotent() (hence the consumer runtime and every broker wrapper)
+// share: what a held key's lease renewal, completion and release do with each answer of the store, fencing
+// included. Each side keeps its own `await store.complete(...)`/`release(...)` and hands the answer here
+// synchronously, so that the request path pays no extra promise for the shared code.
+
+/** The log lines that differ between the sides: one speaks of requests and handlers, the other of calls. */
+interface ProtocolTexts {
+  fenced: string;
+  /** A completion the store wrote but could not make durable (`recordWritten` on its error). */
+  written(what: string): string;
+  notStored(what: string): string;
+  notReleased: string;
+}
+
+const TEXTS: Record<AdapterKind, ProtocolTexts> = {
+  http: {
+    fenced:
+      'oncely: this request lost its lease (it ran longer than lockTimeout without a renewal); the store refused the write',
+    written: (what) =>
+      `oncely: ${what} was stored but its durability was not confirmed; a failover before it replicates would let a retry run the handler again`,
+    notStored: (what) =>
+      `oncely: could not store ${what}; a retry after the lease ends will run the handler again`,
+    notReleased: 'oncely: could not release the key; it frees itself when its lease ends',
+  },
+  consumer: {
+    fenced:
+      'oncely: this call lost its lease (it ran longer than lockTimeout without a renewal, so another call may have taken the key over); the store refused the write',
+    written: (what) =>
+      `oncely: ${what} was stored but its durability was not confirmed; a failover before it replicates would let a retry run the function again`,
+    notStored: (what) =>
+      `oncely: could not store ${what}; once the lease ends, a retry with this key runs the function again`,
+    notReleased: 'oncely: could not release the key after a failure; it frees itself when its lease ends',
+  },
+};
+
+const notConfirmed = (what: string): string =>
+  `oncely: the store could not confirm that its replicas have ${what} (not confirmed in time, or no reply); it re-sends it until they do`;
+
+/**
+ * One engine's or wrapped function's side of the key protocol: its store (as observed), its hooks and its lease
+ * length. Made once per engine or wrapper; every method takes the request's or call's logger.
+ */
+export class KeyProtocol {
+  readonly store: IdempotencyStore;
+  readonly hooks: HookRunner;
+  readonly lockTimeoutMs: number;
+  readonly #texts: ProtocolTexts;
+
+  constructor(store: IdempotencyStore, hooks: HookRunner, lockTimeoutMs: number) {
+    this.store = store;
+    this.hooks = hooks;
+    this.lockTimeoutMs = lockTimeoutMs;
+    this.#texts = TEXTS[hooks.adapter];
+  }
+
+  /** The store's answer to a completion: stored, or refused because this token no longer owns the key. */
+  completed(key: string, stored: boolean, status: number, log: Logger): void {
+    if (stored) this.hooks.run('onComplete', { key, status }, log);
+    else this.fenced(key, 'complete', log);
+  }
+
+  /**
+   * The completion failed. A store may have written the record and failed only to make it durable, or go on
+   * writing and confirming it in the background (RedisStore's waitForReplicas): each is reported as such.
+   */
+  completeFailed(key: string, error: unknown, what: string, log: Logger): void {
+    this.hooks.run('onStoreError', { key, operation: 'complete', error }, log);
+    const confirming = this.#followConfirmation(key, 'complete', error, log);
+    log.error(
+      { err: error, key },
+      confirming
+        ? notConfirmed(what)
+        : (error as { recordWritten?: unknown } | null)?.recordWritten === true
+          ? this.#texts.written(what)
+          : this.#texts.notStored(what),
+    );
+  }
+
+  /** The store's answer to a release: released, or refused because this token no longer owns the key. */
+  released(
+    key: string,
+    released: boolean,
+    reason: ReleaseEvent['reason'],
+    status: number | undefined,
+    log: Logger,
+  ): void {
+    if (!released) {
+      this.fenced(key, 'release', log);
+      return;
+    }
+    const adapter = this.hooks.adapter;
+    this.hooks.run(
+      'onRelease',
+      status === undefined ? { adapter, key, reason } : { adapter, key, reason, status },
+      log,
+    );
+  }
+
+  /** The release failed: the key frees itself when its lease ends (or once the store confirms the release). */
+  releaseFailed(key: string, error: unknown, log: Logger): void {
+    this.hooks.run('onStoreError', { key, operation: 'release', error }, log);
+    log.error(
+      { err: error, key },
+      this.#followConfirmation(key, 'release', error, log)
+        ? notConfirmed('the release')
+        : this.#texts.notReleased,
+    );
+  }
+
+  /** The store refused a write because this token no longer owns the key: its lease ran out unrenewed. */
+  fenced(key: string, operation: 'complete' | 'release' | 'renew', log: Logger): void {
+    this.hooks.run('onFenced', { adapter: this.hooks.adapter, key, operation }, log);
+    log.warn({ key, operation }, this.#texts.fenced);
+  }
+
+  /** Reports a write the store is still confirming to `onUnconfirmedWrite`, now and when it ends; false if not one. */
+  #followConfirmation(key: string, operation: 'complete' | 'release', error: unknown, log: Logger): boolean {
+    const hooks = this.hooks;
+    return followConfirmation(
+      error,
+      { adapter: hooks.adapter, key, operation },
+      (event) => hooks.run('onUnconfirmedWrite', event, log),
+      log,
+    );
+  }
+}
+
+/**
+ * Renews a held key's lease every third of `lockTimeout` until stopped: a renewal the store refuses is fenced
+ * (and not tried again), one that fails is reported and tried again.
+ */
+export class Lease {
+  readonly #protocol: KeyProtocol;
+  readonly #key: string;
+  readonly #token: string;
+  readonly #log: Logger;
+  #timer: NodeJS.Timeout | undefined;
+  #stopped = false;
+
+  constructor(protocol: KeyProtocol, key: string, token: string, log: Logger) {
+    this.#protocol = protocol;
+    this.#key = key;
+    this.#token = token;
+    this.#log = log;
+    this.#schedule();
+  }
+
+  stop(): void {
+    this.#stopped = true;
+    if (this.#timer !== undefined) clearTimeout(this.#timer);
+  }
+
+  #schedule(): void {
+    // The lease rides as the timer's argument: no closure per renewal.
+    this.#timer = setTimeout(Lease.#renew, Math.max(1, Math.floor(this.#protocol.lockTimeoutMs / 3)), this);
+    // A pending renewal must not keep a process alive on its own.
+    this.#timer.unref();
+  }
+
+  static #renew(lease: Lease): void {
+    lease.#timer = undefined;
+    const protocol = lease.#protocol;
+    protocol.store.renew(lease.#key, lease.#token, protocol.lockTimeoutMs).then(
+      (renewed) => {
+        if (lease.#stopped) return;
+        if (renewed) lease.#schedule();
+        else protocol.fenced(lease.#key, 'renew', lease.#log);
+      },
+      (error: unknown) => {
+        protocol.hooks.run('onStoreError', { key: lease.#key, operation: 'renew', error }, lease.#log);
+        lease.#log.warn({ err: error, key: lease.#key }, 'oncely: lease renewal failed; retrying');
+        if (!lease.#stopped) lease.#schedule();
+      },
+    );
+  }
+}
