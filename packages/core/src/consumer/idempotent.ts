@@ -12,10 +12,17 @@ import { IdempotencyOptionsError } from '../shared/errors';
 import { HookRunner, type IdempotencyHooks } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
 import { hooksOf, type ObservableOptions, observedStore } from '../shared/observe';
-import { KeyProtocol, Lease } from '../shared/protocol';
+import { KeyProtocol, Lease, unknownStatusError, verdictOf, Wait } from '../shared/protocol';
 import type { WarningCode } from '../shared/warnings';
 import { MemoryStore } from '../stores/memory-store';
-import type { AcquireResult, IdempotencyStore, StoredResponse } from '../stores/store';
+import type {
+  AcquiredResult,
+  AcquireResult,
+  CompletedResult,
+  IdempotencyStore,
+  InProgressResult,
+  StoredResponse,
+} from '../stores/store';
 import {
   IdempotencyInProgressError,
   IdempotencyKeyError,
@@ -240,64 +247,44 @@ async function runOnce<Args extends unknown[], R>(
     o.hooks.decided('rejected', undefined, undefined, o.log);
     throw error;
   }
-  // When a wait began (wait mode only), for the onDecision event's waitedMs.
-  let waitStart: number | undefined;
+  // Made at the first in_progress answer in wait mode only.
+  let wait: Wait | undefined;
   const acquire = async (): Promise<AcquireResult> => {
     try {
-      return await o.store.acquire(key, { fingerprint, lockTimeoutMs: o.lockTimeoutMs });
+      return await o.protocol.acquire(key, fingerprint);
     } catch (error) {
       o.hooks.run('onStoreError', { key, operation: 'acquire', error }, o.log);
-      o.hooks.decided('store_error', key, waitStart, o.log);
+      o.hooks.decided('store_error', key, wait?.start, o.log);
       throw new IdempotencyStoreError(key, 'acquire', { cause: error });
     }
   };
 
   let result = await acquire();
-  let deadline: number | undefined;
-  let polls = 0;
   for (;;) {
-    switch (result.status) {
+    switch (verdictOf(result, fingerprint, o.fingerprint !== undefined)) {
       case 'acquired':
-        o.hooks.decided('executed', key, waitStart, o.log);
-        return execute(fn, o, args, key, result.token);
+        o.hooks.decided('executed', key, wait?.start, o.log);
+        return execute(fn, o, args, key, (result as AcquiredResult).token);
       case 'completed':
-        if (o.fingerprint !== undefined && result.fingerprint !== fingerprint) {
-          o.hooks.decided('mismatch', key, waitStart, o.log);
-          throw new IdempotencyMismatchError(key);
-        }
-        o.hooks.decided('replayed', key, waitStart, o.log);
-        return { outcome: 'replayed', result: replay(o, key, result.response), key };
+        o.hooks.decided('replayed', key, wait?.start, o.log);
+        return { outcome: 'replayed', result: replay(o, key, (result as CompletedResult).response), key };
+      case 'mismatch':
+        o.hooks.decided('mismatch', key, wait?.start, o.log);
+        throw new IdempotencyMismatchError(key);
       case 'in_progress': {
-        if (o.fingerprint !== undefined && result.fingerprint !== fingerprint) {
-          o.hooks.decided('mismatch', key, waitStart, o.log);
-          throw new IdempotencyMismatchError(key);
+        const { retryAfterMs } = result as InProgressResult;
+        if (wait === undefined && o.waitMs !== undefined) wait = new Wait(o.waitMs);
+        if (wait === undefined || !(await wait.next(o.store, key, retryAfterMs))) {
+          o.hooks.decided('conflict', key, wait?.start, o.log);
+          throw new IdempotencyInProgressError(key, retryAfterMs);
         }
-        const now = Date.now();
-        if (o.waitMs !== undefined && deadline === undefined) {
-          deadline = now + o.waitMs;
-          waitStart = now;
-        }
-        if (deadline === undefined || now >= deadline) {
-          o.hooks.decided('conflict', key, waitStart, o.log);
-          throw new IdempotencyInProgressError(key, result.retryAfterMs);
-        }
-        // As the engine's wait mode: a store wake-up is trusted for 5s at a time (the bound on a lost
-        // notification); without one, poll with backoff (25ms doubling to 1.6s) rather than spin.
-        const slice = Math.min(deadline - now, Math.max(result.retryAfterMs, 1));
-        if (o.store.waitFor) await o.store.waitFor(key, Math.min(slice, 5000));
-        else await sleep(Math.min(slice, 25 * 2 ** Math.min(polls, 6)));
-        polls++;
         result = await acquire();
         break;
       }
       default:
         // A store bug, not a decision: refuse rather than guess.
-        o.hooks.decided('store_error', key, waitStart, o.log);
-        throw new IdempotencyStoreError(key, 'acquire', {
-          cause: new Error(
-            `store.acquire() resolved to an unknown status ${JSON.stringify((result as { status?: unknown }).status)}`,
-          ),
-        });
+        o.hooks.decided('store_error', key, wait?.start, o.log);
+        throw new IdempotencyStoreError(key, 'acquire', { cause: unknownStatusError(result) });
     }
   }
 }
@@ -552,10 +539,6 @@ function strictJson(this: unknown, key: string, value: unknown): unknown {
 
 function messageOf(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms).unref());
 }
 
 function resolveIdempotentOptions<Args extends unknown[], R>(

@@ -2,15 +2,17 @@ import { asStoredFingerprint, hasLoneSurrogate } from '../shared/checks';
 import { HookRunner, type ReleaseEvent } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
 import { observedStore } from '../shared/observe';
-import { KeyProtocol, Lease } from '../shared/protocol';
+import { KeyProtocol, Lease, unknownStatusError, verdictOf, Wait } from '../shared/protocol';
 import { errorText, tell, type WarningCode } from '../shared/warnings';
 import type {
+  AcquiredResult,
   AcquireResult,
+  CompletedResult,
   IdempotencyStore,
+  InProgressResult,
   StoredResponse,
   StoreTransaction,
   TransactionAcquiredResult,
-  TransactionalIdempotencyStore,
 } from '../stores/store';
 import { defaultFingerprint } from './fingerprint';
 import { type OutgoingHeaderValue, storableHeaders } from './headers';
@@ -239,77 +241,68 @@ export class Idempotency<Req = unknown> {
       );
     }
 
+    const protocol = this.protocol;
     let result: AcquireResult | TransactionAcquiredResult;
     try {
-      result = await this.#acquire(key, fingerprint);
+      result = await (o.transactional
+        ? protocol.acquireInTransaction(key, fingerprint)
+        : protocol.acquire(key, fingerprint));
     } catch (error) {
       return this.#storeDown(key, error, log, clientKey, undefined);
     }
 
-    let deadline: number | undefined;
-    // When a wait began (wait mode only), for the onDecision event's waitedMs.
-    let waitStart: number | undefined;
-    let polls = 0;
+    // Made at the first in_progress answer in wait mode only.
+    let wait: Wait | undefined;
     for (;;) {
-      switch (result.status) {
-        case 'acquired':
+      switch (verdictOf(result, fingerprint, o.fingerprint !== false)) {
+        case 'acquired': {
+          const acquired = result as AcquiredResult | TransactionAcquiredResult;
           this.hooks.run('onMiss', { key }, log);
-          this.hooks.decided('executed', key, waitStart, log);
+          this.hooks.decided('executed', key, wait?.start, log);
           return {
             action: 'execute',
             execution: new Execution(
               this,
               key,
               clientKey,
-              result.token,
+              acquired.token,
               log,
-              'transaction' in result ? result.transaction : undefined,
+              'transaction' in acquired ? acquired.transaction : undefined,
             ),
           };
+        }
         case 'completed':
-          if (o.fingerprint !== false && result.fingerprint !== fingerprint)
-            return this.#mismatch(key, log, waitStart);
           this.hooks.run('onHit', { key }, log);
-          this.hooks.decided('replayed', key, waitStart, log);
-          return { action: 'respond', response: this.#replayOf(result.response), replayed: true };
+          this.hooks.decided('replayed', key, wait?.start, log);
+          return {
+            action: 'respond',
+            response: this.#replayOf((result as CompletedResult).response),
+            replayed: true,
+          };
+        case 'mismatch':
+          return this.#mismatch(key, log, wait?.start);
         case 'in_progress': {
-          if (o.fingerprint !== false && result.fingerprint !== fingerprint)
-            return this.#mismatch(key, log, waitStart);
-          if (polls === 0) this.hooks.run('onConflict', { key, retryAfterMs: result.retryAfterMs }, log);
-          const now = Date.now();
-          if (o.waitMs !== undefined && deadline === undefined) {
-            deadline = now + o.waitMs;
-            waitStart = now;
+          const { retryAfterMs } = result as InProgressResult;
+          if (wait === undefined) {
+            this.hooks.run('onConflict', { key, retryAfterMs }, log);
+            if (o.waitMs !== undefined) wait = new Wait(o.waitMs);
           }
-          if (deadline === undefined || now >= deadline) {
-            this.hooks.decided('conflict', key, waitStart, log);
+          if (wait === undefined || !(await wait.next(protocol.store, key, retryAfterMs))) {
+            this.hooks.decided('conflict', key, wait?.start, log);
             return this.#conflict();
           }
-          // Sleep until the record changes, the lease runs out, or the wait ends. A store wake-up is trusted for
-          // up to 5s at a time (the bound on a lost notification); without one, poll with backoff (25ms doubling
-          // to 1.6s) rather than spin.
-          const slice = Math.min(deadline - now, Math.max(result.retryAfterMs, 1));
-          if (o.store.waitFor) await o.store.waitFor(key, Math.min(slice, 5000));
-          else await sleep(Math.min(slice, 25 * 2 ** Math.min(polls, 6)));
-          polls++;
           try {
-            result = await this.#acquire(key, fingerprint);
+            result = await (o.transactional
+              ? protocol.acquireInTransaction(key, fingerprint)
+              : protocol.acquire(key, fingerprint));
           } catch (error) {
-            return this.#storeDown(key, error, log, clientKey, waitStart);
+            return this.#storeDown(key, error, log, clientKey, wait.start);
           }
           break;
         }
         default:
           // A store bug, not a decision: refuse rather than guess.
-          return this.#storeDown(
-            key,
-            new Error(
-              `store.acquire() resolved to an unknown status ${JSON.stringify((result as { status?: unknown }).status)}`,
-            ),
-            log,
-            clientKey,
-            waitStart,
-          );
+          return this.#storeDown(key, unknownStatusError(result), log, clientKey, wait?.start);
       }
     }
   }
@@ -354,14 +347,6 @@ export class Idempotency<Req = unknown> {
     const message = `oncely: a request with ${header === 'authorization' ? 'an Authorization' : 'a Cookie'} header is covered without a scope, so every caller shares one key space and a caller sending another's key gets that caller's stored response; set scope to the authenticated identity (scope: (req) => req.user.id, or scopeByHeader('authorization', { secret }) for API keys), or scope: false if one key space is intended. Said once. ${UNSCOPED_DOCS}`;
     tell(log, 'warn', 'ONCELY_UNSCOPED_CREDENTIALS', { header, docs: UNSCOPED_DOCS }, message, this.#warned);
     this.hooks.run('onUnscopedCredentials', { header }, log);
-  }
-
-  #acquire(key: string, fingerprint: string): Promise<AcquireResult | TransactionAcquiredResult> {
-    const o = this.options;
-    const options = { fingerprint, lockTimeoutMs: o.lockTimeoutMs };
-    return o.transactional
-      ? (this.observedStore as TransactionalIdempotencyStore).acquireInTransaction(key, options)
-      : this.observedStore.acquire(key, options);
   }
 
   #problem(
@@ -775,8 +760,4 @@ function looksUnset(scope: string): boolean {
 /** A scope refused by `looksUnset`: reported as a wiring mistake, not as a scope function that threw. */
 class UnsetScopeError extends TypeError {
   override name = 'UnsetScopeError';
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms).unref());
 }

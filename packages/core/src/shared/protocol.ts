@@ -1,12 +1,17 @@
-import type { IdempotencyStore } from '../stores/store';
+import type {
+  AcquireResult,
+  IdempotencyStore,
+  TransactionAcquiredResult,
+  TransactionalIdempotencyStore,
+} from '../stores/store';
 import type { AdapterKind, HookRunner, ReleaseEvent } from './hooks';
 import type { Logger } from './logger';
 import { followConfirmation } from './observe';
 
 // The key protocol that the HTTP engine and idempotent() (hence the consumer runtime and every broker wrapper)
-// share: what a held key's lease renewal, completion and release do with each answer of the store, fencing
-// included. Each side keeps its own `await store.complete(...)`/`release(...)` and hands the answer here
-// synchronously, so that the request path pays no extra promise for the shared code.
+// share: acquiring a key and waiting for it, then what a held key's lease renewal, completion and release do with
+// each answer of the store, fencing included. Each side keeps its own `await` on the store and hands the answer
+// here synchronously, so that the request path pays no extra promise for the shared code.
 
 /** The log lines that differ between the sides: one speaks of requests and handlers, the other of calls. */
 interface ProtocolTexts {
@@ -56,6 +61,19 @@ export class KeyProtocol {
     this.hooks = hooks;
     this.lockTimeoutMs = lockTimeoutMs;
     this.#texts = TEXTS[hooks.adapter];
+  }
+
+  /** Asks the store for the key (the caller awaits the store's own promise). */
+  acquire(key: string, fingerprint: string): Promise<AcquireResult> {
+    return this.store.acquire(key, { fingerprint, lockTimeoutMs: this.lockTimeoutMs });
+  }
+
+  /** `acquire` in a store transaction that the work's writes join (transactional mode). */
+  acquireInTransaction(key: string, fingerprint: string): Promise<AcquireResult | TransactionAcquiredResult> {
+    return (this.store as TransactionalIdempotencyStore).acquireInTransaction(key, {
+      fingerprint,
+      lockTimeoutMs: this.lockTimeoutMs,
+    });
   }
 
   /** The store's answer to a completion: stored, or refused because this token no longer owns the key. */
@@ -178,4 +196,66 @@ export class Lease {
       },
     );
   }
+}
+
+/**
+ * What an answer of `acquire` means for the request or call that asked: a record under another fingerprint is a
+ * `mismatch` whatever its state (`compare` false: fingerprints are not checked); a status no store gives is
+ * `unknown`, a store bug to refuse rather than guess at.
+ */
+export type Verdict = 'acquired' | 'completed' | 'in_progress' | 'mismatch' | 'unknown';
+
+export function verdictOf(result: AcquireResult, fingerprint: string, compare: boolean): Verdict {
+  switch (result.status) {
+    case 'acquired':
+      return 'acquired';
+    case 'completed':
+    case 'in_progress':
+      return compare && result.fingerprint !== fingerprint ? 'mismatch' : result.status;
+    default:
+      return 'unknown';
+  }
+}
+
+/** The error an `unknown` verdict stands for, as the store's own failure. */
+export function unknownStatusError(result: AcquireResult): Error {
+  return new Error(
+    `store.acquire() resolved to an unknown status ${JSON.stringify((result as { status?: unknown }).status)}`,
+  );
+}
+
+/**
+ * A wait for a held key (`inProgress: { wait }`), begun at its first `in_progress` answer and made only then, so
+ * that a request that does not wait allocates nothing for it.
+ */
+export class Wait {
+  /** When the wait began, for the `onDecision` event's `waitedMs`. */
+  readonly start: number;
+  readonly #deadline: number;
+  #polls = 0;
+
+  constructor(waitMs: number) {
+    this.start = Date.now();
+    this.#deadline = this.start + waitMs;
+  }
+
+  /**
+   * Sleeps until the record changes, the lease runs out, or the wait ends; false, without sleeping, when the wait
+   * is over. A store wake-up is trusted for up to 5s at a time (the bound on a lost notification); without one,
+   * polls with backoff (25ms doubling to 1.6s) rather than spin.
+   */
+  async next(store: IdempotencyStore, key: string, retryAfterMs: number): Promise<boolean> {
+    // The first sleep is measured from the start, as the wait's deadline is.
+    const now = this.#polls === 0 ? this.start : Date.now();
+    if (now >= this.#deadline) return false;
+    const slice = Math.min(this.#deadline - now, Math.max(retryAfterMs, 1));
+    if (store.waitFor) await store.waitFor(key, Math.min(slice, 5000));
+    else await sleep(Math.min(slice, 25 * 2 ** Math.min(this.#polls, 6)));
+    this.#polls++;
+    return true;
+  }
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms).unref());
 }
