@@ -29,9 +29,6 @@ export class IdempotencyMismatchError extends Error {
 }
 
 /** The message of the IdempotencyKeyError for a key that a UTF-8 store would confuse with another. */
-export const LONE_SURROGATE_KEY =
-  'the key holds a lone surrogate (not well-formed Unicode): a store keeping UTF-8 would read it as another key. Nothing ran.';
-
 /** The key (or fingerprint) function threw, or returned something that is not a usable key. Nothing ran. */
 export class IdempotencyKeyError extends Error {
   override readonly name = 'IdempotencyKeyError';

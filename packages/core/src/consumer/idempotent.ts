@@ -1,18 +1,18 @@
-import {
-  asStoredFingerprint,
-  checkLogger,
-  checkStore,
-  durationOption,
-  functionOption,
-  hasLoneSurrogate,
-  integerOption,
-} from '../shared/checks';
+import { checkLogger, checkStore, durationOption, functionOption, integerOption } from '../shared/checks';
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
 import { HookRunner, type IdempotencyHooks } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
 import { hooksOf, type ObservableOptions, observedStore } from '../shared/observe';
-import { KeyProtocol, Lease, unknownStatusError, verdictOf, Wait } from '../shared/protocol';
+import {
+  checkKey,
+  fingerprintOf,
+  KeyProtocol,
+  Lease,
+  unknownStatusError,
+  verdictOf,
+  Wait,
+} from '../shared/protocol';
 import type { WarningCode } from '../shared/warnings';
 import { MemoryStore } from '../stores/memory-store';
 import type {
@@ -29,7 +29,6 @@ import {
   IdempotencyMismatchError,
   IdempotencyReplayError,
   IdempotencyStoreError,
-  LONE_SURROGATE_KEY,
   PermanentError,
   UnstorableResultError,
 } from './errors';
@@ -231,18 +230,7 @@ async function runOnce<Args extends unknown[], R>(
   let fingerprint = '';
   try {
     key = computeKey(o, args);
-    if (o.fingerprint !== undefined) {
-      try {
-        fingerprint = asStoredFingerprint(o.fingerprint(...args));
-      } catch (error) {
-        throw new IdempotencyKeyError('the fingerprint function threw; nothing ran.', { cause: error });
-      }
-      if (typeof fingerprint !== 'string') {
-        throw new IdempotencyKeyError(
-          `the fingerprint function must return a string; got ${typeof fingerprint}. Nothing ran.`,
-        );
-      }
-    }
+    if (o.fingerprint !== undefined) fingerprint = fingerprintOf(o.fingerprint, args);
   } catch (error) {
     o.hooks.decided('rejected', undefined, undefined, o.log);
     throw error;
@@ -301,12 +289,7 @@ function computeKey<Args extends unknown[], R>(o: Resolved<Args, R>, args: Args)
       `the key function must return a non-empty string; got ${key === '' ? 'an empty string' : typeof key}. Nothing ran.`,
     );
   }
-  if (key.length > o.maxKeyLength) {
-    throw new IdempotencyKeyError(
-      `the key is ${key.length} characters long, more than maxKeyLength (${o.maxKeyLength}). Nothing ran.`,
-    );
-  }
-  if (hasLoneSurrogate(key)) throw new IdempotencyKeyError(LONE_SURROGATE_KEY);
+  checkKey(key, o.maxKeyLength);
   return key;
 }
 

@@ -1,16 +1,10 @@
-import {
-  asStoredFingerprint,
-  checkLogger,
-  durationOption,
-  functionOption,
-  hasLoneSurrogate,
-  integerOption,
-} from '../shared/checks';
+import { checkLogger, durationOption, functionOption, integerOption } from '../shared/checks';
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
 import { type DecisionOutcome, HookRunner } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
 import { hooksOf, type ObservableOptions, observedStore } from '../shared/observe';
+import { checkKey, fingerprintOf } from '../shared/protocol';
 import { tell, type WarningCode } from '../shared/warnings';
 import type { IdempotencyStore, TransactionalIdempotencyStore } from '../stores/store';
 import {
@@ -18,7 +12,6 @@ import {
   IdempotencyKeyError,
   IdempotencyMismatchError,
   IdempotencyStoreError,
-  LONE_SURROGATE_KEY,
   PermanentError,
   UnstorableResultError,
 } from './errors';
@@ -394,36 +387,19 @@ export function consumerRuntime<M>(
     key: string,
     workThrew: () => void,
   ): Promise<{ outcome: 'executed' | 'replayed'; result: unknown }> => {
-    if (key.length > maxKeyLength) {
+    let messageFingerprint: string | undefined;
+    try {
+      checkKey(key, maxKeyLength);
+      if (fingerprint !== false) messageFingerprint = fingerprintOf(fingerprint ?? broker.fingerprint, [msg]);
+    } catch (error) {
       rejected();
-      throw new IdempotencyKeyError(
-        `the key is ${key.length} characters long, more than maxKeyLength (${maxKeyLength}). Nothing ran.`,
-      );
-    }
-    if (hasLoneSurrogate(key)) {
-      rejected();
-      throw new IdempotencyKeyError(LONE_SURROGATE_KEY);
-    }
-    let messageFingerprint: unknown;
-    if (fingerprint !== false) {
-      try {
-        messageFingerprint = asStoredFingerprint((fingerprint ?? broker.fingerprint)(msg));
-      } catch (error) {
-        rejected();
-        throw new IdempotencyKeyError('the fingerprint function threw; nothing ran.', { cause: error });
-      }
-      if (typeof messageFingerprint !== 'string') {
-        rejected();
-        throw new IdempotencyKeyError(
-          `the fingerprint function must return a string; got ${typeof messageFingerprint}. Nothing ran.`,
-        );
-      }
+      throw error;
     }
     try {
       // The work runs inside the broker's transaction, past decide()'s own wrapper: what it throws is marked here,
       // so that an oncely error class thrown by the work (an inner idempotent() call's) is settled as a failure
       // of the work, not as this key's own conflict or unstorable result (which would complete the job).
-      const done = await transaction(msg, key, messageFingerprint as string | undefined, {
+      const done = await transaction(msg, key, messageFingerprint, {
         store: (store) => observation.store(store),
         execute: (executionKey, work) =>
           observation.execute(executionKey, async () => {

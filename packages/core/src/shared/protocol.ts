@@ -1,15 +1,17 @@
+import { IdempotencyKeyError } from '../consumer/errors';
 import type {
   AcquireResult,
   IdempotencyStore,
   TransactionAcquiredResult,
   TransactionalIdempotencyStore,
 } from '../stores/store';
+import { asStoredFingerprint, hasLoneSurrogate } from './checks';
 import type { AdapterKind, HookRunner, ReleaseEvent } from './hooks';
 import type { Logger } from './logger';
 import { followConfirmation } from './observe';
 
 // The key protocol that the HTTP engine and idempotent() (hence the consumer runtime and every broker wrapper)
-// share: acquiring a key and waiting for it, then what a held key's lease renewal, completion and release do with
+// share: checking a key and a fingerprint, acquiring the key and waiting for it, then what a held key's lease renewal, completion and release do with
 // each answer of the store, fencing included. Each side keeps its own `await` on the store and hands the answer
 // here synchronously, so that the request path pays no extra promise for the shared code.
 
@@ -258,4 +260,42 @@ export class Wait {
 
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms).unref());
+}
+
+const LONE_SURROGATE_KEY =
+  'the key holds a lone surrogate (not well-formed Unicode): a store keeping UTF-8 would read it as another key. Nothing ran.';
+
+/**
+ * Checks the key of a call or a message: at most `maxKeyLength` characters, and read back from a UTF-8 store as
+ * itself. Throws `IdempotencyKeyError` (nothing has run). An HTTP key is checked as a header instead (`parseKey`).
+ */
+export function checkKey(key: string, maxKeyLength: number): void {
+  if (key.length > maxKeyLength) {
+    throw new IdempotencyKeyError(
+      `the key is ${key.length} characters long, more than maxKeyLength (${maxKeyLength}). Nothing ran.`,
+    );
+  }
+  if (hasLoneSurrogate(key)) throw new IdempotencyKeyError(LONE_SURROGATE_KEY);
+}
+
+/**
+ * The fingerprint `compute` gives for `args`, as a UTF-8 store keeps it. A throw or anything but a string is an
+ * `IdempotencyKeyError` (nothing has run).
+ */
+export function fingerprintOf<Args extends unknown[]>(
+  compute: (...args: Args) => unknown,
+  args: Args,
+): string {
+  let fingerprint: unknown;
+  try {
+    fingerprint = asStoredFingerprint(compute(...args));
+  } catch (error) {
+    throw new IdempotencyKeyError('the fingerprint function threw; nothing ran.', { cause: error });
+  }
+  if (typeof fingerprint !== 'string') {
+    throw new IdempotencyKeyError(
+      `the fingerprint function must return a string; got ${typeof fingerprint}. Nothing ran.`,
+    );
+  }
+  return fingerprint;
 }
