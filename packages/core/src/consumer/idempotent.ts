@@ -1,4 +1,11 @@
-import { checkLogger, checkStore, durationOption, functionOption, integerOption } from '../shared/checks';
+import {
+  checkLogger,
+  checkStore,
+  durationOption,
+  functionOption,
+  inProgressOption,
+  integerOption,
+} from '../shared/checks';
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
 import { HookRunner, type IdempotencyHooks } from '../shared/hooks';
@@ -565,7 +572,7 @@ function resolveIdempotentOptions<Args extends unknown[], R>(
     fingerprint: typeof o.fingerprint === 'function' ? o.fingerprint : undefined,
     ttlMs: o.ttl === undefined ? 86_400_000 : durationOption('ttl', o.ttl),
     lockTimeoutMs: o.lockTimeout === undefined ? 30_000 : durationOption('lockTimeout', o.lockTimeout),
-    waitMs: checkInProgress(o.inProgress),
+    waitMs: inProgressOption(o.inProgress),
     serializer: o.serialize === undefined ? undefined : checkSerializer(o.serialize),
     isPermanent:
       o.isPermanent === undefined ? defaultIsPermanent : functionOption('isPermanent', o.isPermanent),
@@ -576,17 +583,6 @@ function resolveIdempotentOptions<Args extends unknown[], R>(
     hooks,
   };
   return { ...resolved, protocol: new KeyProtocol(resolved.store, hooks, resolved.lockTimeoutMs) };
-}
-
-function checkInProgress(value: unknown): number | undefined {
-  if (value === undefined || value === 'reject') return undefined;
-  if (value !== null && typeof value === 'object' && 'wait' in value) {
-    return durationOption('inProgress.wait', (value as { wait: unknown }).wait);
-  }
-  throw new IdempotencyOptionsError(
-    'inProgress',
-    `must be 'reject' or { wait: duration } such as { wait: '10s' }; got ${JSON.stringify(value)}.`,
-  );
 }
 
 function checkSerializer<R>(value: ResultSerializer<R>): ResultSerializer<R> {

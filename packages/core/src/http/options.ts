@@ -1,4 +1,11 @@
-import { checkLogger, checkStore, positiveDuration } from '../shared/checks';
+import {
+  checkLogger,
+  checkStore,
+  durationOption,
+  functionOption,
+  inProgressOption,
+  integerOption,
+} from '../shared/checks';
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
 import type { IdempotencyHooks } from '../shared/hooks';
@@ -135,16 +142,16 @@ export function resolveOptions<Req>(
   const o = options;
   const resolved: ResolvedOptions<Req> = {
     store: o.store === undefined ? (base?.store ?? new MemoryStore()) : checkStore(o.store),
-    ttlMs: o.ttl === undefined ? (base?.ttlMs ?? 86_400_000) : positiveDuration('ttl', o.ttl),
+    ttlMs: o.ttl === undefined ? (base?.ttlMs ?? 86_400_000) : durationOption('ttl', o.ttl),
     lockTimeoutMs:
       o.lockTimeout === undefined
         ? (base?.lockTimeoutMs ?? 30_000)
-        : positiveDuration('lockTimeout', o.lockTimeout),
+        : durationOption('lockTimeout', o.lockTimeout),
     header: o.header === undefined ? (base?.header ?? 'idempotency-key') : checkHeader(o.header),
     maxKeyLength:
       o.maxKeyLength === undefined
         ? (base?.maxKeyLength ?? 255)
-        : positiveInteger('maxKeyLength', o.maxKeyLength),
+        : integerOption('maxKeyLength', o.maxKeyLength),
     // In transactional mode the handler writes through the request's transaction, which a keyless request does not
     // get: it is refused (400) unless `required: false` is given with it, and the handler then falls back itself.
     required:
@@ -157,7 +164,7 @@ export function resolveOptions<Req>(
         : checkMethods(o.methods),
     scope: o.scope === undefined ? base?.scope : checkScope(o.scope),
     fingerprint: o.fingerprint === undefined ? base?.fingerprint : checkFingerprint(o.fingerprint),
-    waitMs: o.inProgress === undefined ? base?.waitMs : checkInProgress(o.inProgress),
+    waitMs: o.inProgress === undefined ? base?.waitMs : inProgressOption(o.inProgress),
     inProgressStatus:
       o.inProgressStatus === undefined
         ? (base?.inProgressStatus ?? 409)
@@ -165,11 +172,11 @@ export function resolveOptions<Req>(
     cacheable:
       o.cacheable === undefined
         ? (base?.cacheable ?? defaultCacheable)
-        : checkFunction('cacheable', o.cacheable),
+        : functionOption('cacheable', o.cacheable),
     maxBodyBytes:
       o.maxBodyBytes === undefined
         ? (base?.maxBodyBytes ?? 1_048_576)
-        : positiveInteger('maxBodyBytes', o.maxBodyBytes),
+        : integerOption('maxBodyBytes', o.maxBodyBytes),
     excludedHeaders:
       o.excludeHeaders === undefined
         ? (base?.excludedHeaders ?? new Set(ALWAYS_EXCLUDED_HEADERS))
@@ -201,23 +208,9 @@ export function resolveOptions<Req>(
   return resolved;
 }
 
-function positiveInteger(name: string, value: unknown): number {
-  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 1) {
-    throw new IdempotencyOptionsError(name, `must be a positive integer; got ${JSON.stringify(value)}.`);
-  }
-  return value;
-}
-
 function checkBoolean(name: string, value: unknown): boolean {
   if (typeof value !== 'boolean') {
     throw new IdempotencyOptionsError(name, `must be true or false; got ${JSON.stringify(value)}.`);
-  }
-  return value;
-}
-
-function checkFunction<F>(name: string, value: F): F {
-  if (typeof value !== 'function') {
-    throw new IdempotencyOptionsError(name, `must be a function; got ${typeof value}.`);
   }
   return value;
 }
@@ -255,17 +248,6 @@ function checkFingerprint<Req>(value: unknown): ((req: Req) => string) | false {
   throw new IdempotencyOptionsError(
     'fingerprint',
     `must be a function (req) => string, or false to disable the reuse check; got ${JSON.stringify(value)}.`,
-  );
-}
-
-function checkInProgress(value: unknown): number | undefined {
-  if (value === 'reject') return undefined;
-  if (value !== null && typeof value === 'object' && 'wait' in value) {
-    return positiveDuration('inProgress.wait', (value as { wait: unknown }).wait);
-  }
-  throw new IdempotencyOptionsError(
-    'inProgress',
-    `must be 'reject' or { wait: duration } such as { wait: '10s' }; got ${JSON.stringify(value)}.`,
   );
 }
 

@@ -35,22 +35,6 @@ export function checkStore(store: IdempotencyStore): IdempotencyStore {
   return store;
 }
 
-/** A duration option in whole milliseconds (exported as `durationOption` for the broker wrappers). */
-export function positiveDuration(name: string, value: unknown): number {
-  let ms: number;
-  try {
-    ms = parseDuration(value as string);
-  } catch {
-    throw new IdempotencyOptionsError(
-      name,
-      `must be a duration: a number of milliseconds or a string like '30s', '24h'; got ${JSON.stringify(value)}.`,
-    );
-  }
-  if (ms < 1) throw new IdempotencyOptionsError(name, `must be at least 1ms; got ${JSON.stringify(value)}.`);
-  // Whole milliseconds: stores pass these to commands (Redis PEXPIRE) that refuse fractions.
-  return Math.ceil(ms);
-}
-
 export function checkLogger(value: Logger): Logger {
   for (const level of ['debug', 'info', 'warn', 'error'] as const) {
     if (typeof value?.[level] !== 'function') {
@@ -65,7 +49,18 @@ export function checkLogger(value: Logger): Logger {
 
 /** A positive duration in whole ms; `name` is the option to blame. Exported for the broker wrappers' own options. */
 export function durationOption(name: string, value: unknown): number {
-  return positiveDuration(name, value);
+  let ms: number;
+  try {
+    ms = parseDuration(value as string);
+  } catch {
+    throw new IdempotencyOptionsError(
+      name,
+      `must be a duration: a number of milliseconds or a string like '30s', '24h'; got ${JSON.stringify(value)}.`,
+    );
+  }
+  if (ms < 1) throw new IdempotencyOptionsError(name, `must be at least 1ms; got ${JSON.stringify(value)}.`);
+  // Whole milliseconds: stores pass these to commands (Redis PEXPIRE) that refuse fractions.
+  return Math.ceil(ms);
 }
 
 export function integerOption(name: string, value: unknown): number {
@@ -80,4 +75,16 @@ export function functionOption<F>(name: string, value: F): F {
     throw new IdempotencyOptionsError(name, `must be a function; got ${typeof value}.`);
   }
   return value;
+}
+
+/** `inProgress`: `undefined` for `'reject'` (or unset), else the wait in ms. */
+export function inProgressOption(value: unknown): number | undefined {
+  if (value === undefined || value === 'reject') return undefined;
+  if (value !== null && typeof value === 'object' && 'wait' in value) {
+    return durationOption('inProgress.wait', (value as { wait: unknown }).wait);
+  }
+  throw new IdempotencyOptionsError(
+    'inProgress',
+    `must be 'reject' or { wait: duration } such as { wait: '10s' }; got ${JSON.stringify(value)}.`,
+  );
 }
