@@ -241,12 +241,9 @@ export class Idempotency<Req = unknown> {
       );
     }
 
-    const protocol = this.protocol;
     let result: AcquireResult | TransactionAcquiredResult;
     try {
-      result = await (o.transactional
-        ? protocol.acquireInTransaction(key, fingerprint)
-        : protocol.acquire(key, fingerprint));
+      result = await this.#acquire(key, fingerprint);
     } catch (error) {
       return this.#storeDown(key, error, log, clientKey, undefined);
     }
@@ -287,14 +284,12 @@ export class Idempotency<Req = unknown> {
             this.hooks.run('onConflict', { key, retryAfterMs }, log);
             if (o.waitMs !== undefined) wait = new Wait(o.waitMs);
           }
-          if (wait === undefined || !(await wait.next(protocol.store, key, retryAfterMs))) {
+          if (wait === undefined || !(await wait.next(this.protocol.store, key, retryAfterMs))) {
             this.hooks.decided('conflict', key, wait?.start, log);
             return this.#conflict();
           }
           try {
-            result = await (o.transactional
-              ? protocol.acquireInTransaction(key, fingerprint)
-              : protocol.acquire(key, fingerprint));
+            result = await this.#acquire(key, fingerprint);
           } catch (error) {
             return this.#storeDown(key, error, log, clientKey, wait.start);
           }
@@ -347,6 +342,12 @@ export class Idempotency<Req = unknown> {
     const message = `oncely: a request with ${header === 'authorization' ? 'an Authorization' : 'a Cookie'} header is covered without a scope, so every caller shares one key space and a caller sending another's key gets that caller's stored response; set scope to the authenticated identity (scope: (req) => req.user.id, or scopeByHeader('authorization', { secret }) for API keys), or scope: false if one key space is intended. Said once. ${UNSCOPED_DOCS}`;
     tell(log, 'warn', 'ONCELY_UNSCOPED_CREDENTIALS', { header, docs: UNSCOPED_DOCS }, message, this.#warned);
     this.hooks.run('onUnscopedCredentials', { header }, log);
+  }
+
+  #acquire(key: string, fingerprint: string): Promise<AcquireResult | TransactionAcquiredResult> {
+    return this.options.transactional
+      ? this.protocol.acquireInTransaction(key, fingerprint)
+      : this.protocol.acquire(key, fingerprint);
   }
 
   #problem(
