@@ -49,8 +49,13 @@ export interface StoreOperationEvent {
   errorType?: string;
 }
 
-/** How a write the store could not confirm in time ended (`onUnconfirmedWrite`). */
-export type UnconfirmedWriteOutcome = 'confirmed' | 'lost' | 'gave_up';
+/**
+ * How a write the store could not confirm in time ended (`onUnconfirmedWrite`): `'confirmed'` (a re-sent write was
+ * confirmed), `'lost'` (the key is no longer this execution's), `'expired'` (a completion's TTL ran out before it was
+ * confirmed: a retry would run again by then anyway), `'gave_up'` (the store stopped re-sending: its bound ran out,
+ * or it was closed).
+ */
+export type UnconfirmedWriteOutcome = 'confirmed' | 'lost' | 'expired' | 'gave_up';
 
 /**
  * The confirmation a store error carries when the store goes on confirming the write in the background
@@ -84,22 +89,43 @@ export function followConfirmation(
   report({ ...event, outcome: 'unconfirmed' });
   confirmation.then(
     (outcome) => {
-      report({ ...event, outcome });
-      const fields = { key: event.key, operation: event.operation, outcome };
-      if (outcome === 'confirmed') log.info(fields, 'oncely: the replicas confirmed the re-sent write');
-      else if (event.operation === 'release')
-        log.warn(fields, 'oncely: the release was never confirmed; the key frees itself when its lease ends');
-      else
-        log.error(
-          fields,
-          outcome === 'lost'
-            ? "oncely: the unconfirmed response was lost (the key is no longer this execution's): a retry runs the handler again"
-            : 'oncely: stopped re-sending the unconfirmed response (lockTimeout passed, or the store was closed): a failover that loses it lets a retry run the handler again',
-        );
+      // Runs long after the request: a hook or a logger that throws here would be an unhandled rejection.
+      try {
+        report({ ...event, outcome });
+        logConfirmation(log, event, outcome);
+      } catch {
+        // the hook's and the logger's own failure, with nobody left to answer
+      }
     },
     () => {},
   );
   return true;
+}
+
+function logConfirmation(
+  log: Logger,
+  event: { key: string; operation: 'complete' | 'release' },
+  outcome: UnconfirmedWriteOutcome,
+): void {
+  const fields = { key: event.key, operation: event.operation, outcome };
+  if (outcome === 'confirmed') log.info(fields, 'oncely: the replicas confirmed the re-sent write');
+  else if (event.operation === 'release')
+    if (outcome === 'lost')
+      log.info(
+        fields,
+        "oncely: the re-sent release found the key no longer this execution's (another request holds it, or it completed): nothing left to release",
+      );
+    else
+      log.warn(fields, 'oncely: the release was never confirmed; the key frees itself when its lease ends');
+  else if (outcome === 'expired')
+    log.info(fields, "oncely: the unconfirmed response's ttl ran out before the replicas confirmed it");
+  else
+    log.error(
+      fields,
+      outcome === 'lost'
+        ? "oncely: the unconfirmed response was lost (the key is no longer this execution's): a retry runs the handler again"
+        : 'oncely: stopped re-sending the unconfirmed response (lockTimeout passed, or the store was closed): a failover that loses it lets a retry run the handler again',
+    );
 }
 
 /** An execution (a handler or consumer function running under a key, or unprotected in fail-open) began or ended. */
