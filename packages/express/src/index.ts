@@ -157,6 +157,8 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
           // stopped with it (`readable.pipe(res)`, `res.sendFile`), so no end() may ever come.
           else if (!res.writableFinished) state.capture?.closedEarly();
         });
+        // A stream piped into the response is an answer begun, though the close may leave it without a byte written.
+        res.once('pipe', () => state.capture?.piped());
         next();
       })
       .catch((error: unknown) => {
@@ -323,6 +325,8 @@ class Capture {
   #active = true;
   /** The handler began its answer (wrote to it, or its head): what its early end is recorded as. */
   #begun = false;
+  /** A stream was piped into the response: the answer began, whether or not a chunk of it was written. */
+  #piped = false;
   /** The connection closed before the response ended. */
   #closed = false;
 
@@ -383,7 +387,18 @@ class Capture {
   closedEarly(): void {
     if (this.ended || !this.#active) return;
     this.#closed = true;
-    if (this.#begun) this.#endedEarly();
+    if (this.#begun || this.#piped) this.#endedEarly();
+  }
+
+  /**
+   * A stream was piped into the response (`readable.pipe(res)`, `res.sendFile`, Nest's `StreamableFile`): the
+   * answer began. Its source stops with the connection (`send`, Nest destroy it), maybe before writing anything, so
+   * a close before or after the pipe ends the response early all the same.
+   */
+  piped(): void {
+    if (this.ended || !this.#active) return;
+    this.#piped = true;
+    if (this.#closed) this.#endedEarly();
   }
 
   #endedEarly(): void {
