@@ -705,9 +705,18 @@ function inheritedOr(prototype: Record<Method, AnyMethod>, method: Method): AnyM
 interface LayerPrototype {
   handle_request?: LayerHandle;
   handleRequest?: LayerHandle;
+  handle_error?: LayerErrorHandle;
+  handleError?: LayerErrorHandle;
   [kLayerPatched]?: true;
 }
 type LayerHandle = (this: unknown, req: Request, res: Response, next: NextFunction) => unknown;
+type LayerErrorHandle = (
+  this: unknown,
+  error: unknown,
+  req: Request,
+  res: Response,
+  next: NextFunction,
+) => unknown;
 
 /**
  * Express gives middleware no way to see an error that a later handler throws or passes to `next(err)`: the router
@@ -751,6 +760,27 @@ function patchLayer(req: Request): void {
         return next(error as Error);
       }) as NextFunction;
       return original.call(this, req, res, observed);
+    };
+  }
+  // An error handler that calls `next()` without an error recovered from it: the request goes on as if it had not
+  // failed, so its answer is stored (releasing the key would run a completed handler again on the retry).
+  for (const method of ['handle_error', 'handleError'] as const) {
+    const original = proto[method];
+    if (typeof original !== 'function') continue;
+    proto[method] = function handleErrorObserved(
+      this: unknown,
+      error: unknown,
+      req: Request,
+      res: Response,
+      next: NextFunction,
+    ) {
+      const state = ownState(res);
+      if (state === undefined || state.error !== error) return original.call(this, error, req, res, next);
+      const observed = ((nextError?: unknown) => {
+        if ((nextError === undefined || nextError === null) && state.error === error) state.error = undefined;
+        return next(nextError as Error);
+      }) as NextFunction;
+      return original.call(this, error, req, res, observed);
     };
   }
 }
