@@ -13,9 +13,8 @@ const BODY = {
   customer: 'cus_NffrFeUfNV2Hib',
   description: 'Benchmark charge for order 000123',
 };
-// Each completion gets bytes of its own, as from an adapter (Buffer.from of the text sent): one Buffer shared by
-// every record would cost the MemoryStore nothing to hold, which no server's records do (since 2026-11-25 the store
-// copies a pooled slice into its own slabs: +0.6-1.1 µs with one shared Buffer, within noise with fresh ones).
+// Each completion gets bytes of its own, as from an adapter (Buffer.from of the text sent), so the adapter's
+// allocation is counted too. The MemoryStore copies every stored body either way (a short one into a shared slab).
 const RESPONSE_TEXT = JSON.stringify({ id: 'ch_3MmlLrLkdIwHu7ix0snN0B15', object: 'charge', amount: 1999 });
 const HEADERS = {
   'content-type': 'application/json; charset=utf-8',

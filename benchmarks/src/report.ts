@@ -266,7 +266,11 @@ export function renderMarkdown(results: RunResults, svgName: string, notesPath: 
       table(
         ['store', 'bytes per record', 'how'],
         [
-          ['MemoryStore', int(mem.memoryStore), 'V8 heap + array buffers after GC, before and after'],
+          [
+            'MemoryStore',
+            int(mem.memoryStore),
+            'V8 heap + array buffers after GC, before and after (each body is a copy; up to 1 KiB, in shared 8 KiB slabs)',
+          ],
           [
             'RedisStore',
             int(mem.redisStore),

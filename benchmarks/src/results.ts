@@ -212,7 +212,12 @@ export function evaluateTargets(results: RunResults): Target[] {
       ? undefined
       : `${fmtTrips(first)} and ${fmtTrips(replay)}`;
   const storeTrips = tripsText(redis?.tripsFirst, redis?.tripsReplay);
-  const httpTrips = oncelyHttp.map((t) => `${t.subject}: ${tripsText(t.first, t.replay)}`);
+  // Each count is in the tables below; the cell names only the setups that are off the target, to stay short.
+  const counted = [
+    ...(storeTrips === undefined ? [] : [{ subject: 'store', trips: storeTrips }]),
+    ...oncelyHttp.map((t) => ({ subject: t.subject, trips: tripsText(t.first, t.replay) })),
+  ];
+  const offTarget = counted.filter((c) => c.trips !== '2 and 1');
   const allTrips = [
     ...(redis?.tripsFirst != null && redis.tripsReplay != null
       ? [[redis.tripsFirst, redis.tripsReplay]]
@@ -223,11 +228,11 @@ export function evaluateTargets(results: RunResults): Target[] {
     name: 'Redis round trips: first execution and replay',
     want: '2 and 1',
     measured:
-      storeTrips === undefined && httpTrips.length === 0
+      counted.length === 0
         ? 'not measured'
-        : [storeTrips === undefined ? undefined : `store: ${storeTrips}`, ...httpTrips]
-            .filter(Boolean)
-            .join('; '),
+        : offTarget.length === 0
+          ? `2 and 1 in all ${counted.length} (${storeTrips === undefined ? '' : 'the store and '}each oncely server below)`
+          : offTarget.map((c) => `${c.subject}: ${c.trips ?? 'not counted'}`).join('; '),
     met: allTrips.length === 0 ? undefined : allTrips.every(([f, r]) => f === 2 && r === 1),
   });
   return targets;

@@ -144,3 +144,49 @@ test('a store error without a confirmation is not an unconfirmed write', async (
   expect(events).toEqual([]);
   await store.close();
 });
+
+test('a logger or a hook that throws when the confirmation ends does not become an unhandled rejection', async () => {
+  const store = new UnconfirmedStore();
+  const unhandled: unknown[] = [];
+  const onUnhandled = (reason: unknown) => void unhandled.push(reason);
+  process.on('unhandledRejection', onUnhandled);
+  const throwing = () => {
+    throw new Error('the logger is broken');
+  };
+  const logger: Logger = { debug() {}, info: throwing, warn: throwing, error() {} };
+  const engine = new Idempotency({ store, logger });
+  try {
+    const decision = await engine.handle(input('t1'));
+    if (decision.action !== 'execute') throw new Error('expected execute');
+    await decision.execution.complete({ status: 201, headers: {}, body: Buffer.from('ok') });
+    store.settle[0]?.('confirmed');
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    expect(unhandled).toEqual([]);
+  } finally {
+    process.off('unhandledRejection', onUnhandled);
+    await store.close();
+  }
+});
+
+test("a release whose key is another's ends lost, logged as nothing left to release; an expired completion, as its ttl", async () => {
+  const store = new UnconfirmedStore();
+  const { logger, lines } = recordingLogger();
+  const engine = new Idempotency({ store, logger });
+  const released = await engine.handle(input('r2'));
+  if (released.action !== 'execute') throw new Error('expected execute');
+  await released.execution.complete({ status: 500, headers: {}, body: Buffer.from('no') });
+  const completed = await engine.handle(input('c2'));
+  if (completed.action !== 'execute') throw new Error('expected execute');
+  await completed.execution.complete({ status: 201, headers: {}, body: Buffer.from('ok') });
+  store.settle[0]?.('lost');
+  store.settle[1]?.('expired');
+  await flush();
+  expect(lines).toContain(
+    "info oncely: the re-sent release found the key no longer this execution's (another request holds it, or it completed): nothing left to release",
+  );
+  expect(lines).toContain(
+    "info oncely: the unconfirmed response's ttl ran out before the replicas confirmed it",
+  );
+  expect(lines.some((l) => l.includes('was lost') || l.includes('stopped re-sending'))).toBe(false);
+  await store.close();
+});

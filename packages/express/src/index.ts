@@ -157,6 +157,8 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
           // stopped with it (`readable.pipe(res)`, `res.sendFile`), so no end() may ever come.
           else if (!res.writableFinished) state.capture?.closedEarly();
         });
+        // A stream piped into the response is an answer begun, though the close may leave it without a byte written.
+        res.once('pipe', () => state.capture?.piped());
         next();
       })
       .catch((error: unknown) => {
@@ -323,6 +325,8 @@ class Capture {
   #active = true;
   /** The handler began its answer (wrote to it, or its head): what its early end is recorded as. */
   #begun = false;
+  /** A stream was piped into the response: the answer began, whether or not a chunk of it was written. */
+  #piped = false;
   /** The connection closed before the response ended. */
   #closed = false;
 
@@ -383,7 +387,18 @@ class Capture {
   closedEarly(): void {
     if (this.ended || !this.#active) return;
     this.#closed = true;
-    if (this.#begun) this.#endedEarly();
+    if (this.#begun || this.#piped) this.#endedEarly();
+  }
+
+  /**
+   * A stream was piped into the response (`readable.pipe(res)`, `res.sendFile`, Nest's `StreamableFile`): the
+   * answer began. Its source stops with the connection (`send`, Nest destroy it), maybe before writing anything, so
+   * a close before or after the pipe ends the response early all the same.
+   */
+  piped(): void {
+    if (this.ended || !this.#active) return;
+    this.#piped = true;
+    if (this.#closed) this.#endedEarly();
   }
 
   #endedEarly(): void {
@@ -690,9 +705,18 @@ function inheritedOr(prototype: Record<Method, AnyMethod>, method: Method): AnyM
 interface LayerPrototype {
   handle_request?: LayerHandle;
   handleRequest?: LayerHandle;
+  handle_error?: LayerErrorHandle;
+  handleError?: LayerErrorHandle;
   [kLayerPatched]?: true;
 }
 type LayerHandle = (this: unknown, req: Request, res: Response, next: NextFunction) => unknown;
+type LayerErrorHandle = (
+  this: unknown,
+  error: unknown,
+  req: Request,
+  res: Response,
+  next: NextFunction,
+) => unknown;
 
 /**
  * Express gives middleware no way to see an error that a later handler throws or passes to `next(err)`: the router
@@ -736,6 +760,27 @@ function patchLayer(req: Request): void {
         return next(error as Error);
       }) as NextFunction;
       return original.call(this, req, res, observed);
+    };
+  }
+  // An error handler that calls `next()` without an error recovered from it: the request goes on as if it had not
+  // failed, so its answer is stored (releasing the key would run a completed handler again on the retry).
+  for (const method of ['handle_error', 'handleError'] as const) {
+    const original = proto[method];
+    if (typeof original !== 'function') continue;
+    proto[method] = function handleErrorObserved(
+      this: unknown,
+      error: unknown,
+      req: Request,
+      res: Response,
+      next: NextFunction,
+    ) {
+      const state = ownState(res);
+      if (state === undefined || state.error !== error) return original.call(this, error, req, res, next);
+      const observed = ((nextError?: unknown) => {
+        if ((nextError === undefined || nextError === null) && state.error === error) state.error = undefined;
+        return next(nextError as Error);
+      }) as NextFunction;
+      return original.call(this, error, req, res, observed);
     };
   }
 }

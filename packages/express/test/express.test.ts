@@ -19,6 +19,24 @@ const versions = [
 ] as const;
 
 describe.each(versions)('%s specifics', (_name, expressModule) => {
+  test('an error an error handler recovers from (it calls next()) is no failure: the answer is stored', async () => {
+    const app = expressModule();
+    app.use(expressModule.json());
+    app.use(idempotency());
+    let runs = 0;
+    app.post(
+      '/recovered',
+      (_req, _res, next) => next(Object.assign(new Error('cache miss'), { status: 503 })),
+      (_error: unknown, _req: express.Request, _res: express.Response, next: express.NextFunction) => next(),
+      (_req, res) => void res.status(201).json({ run: ++runs }),
+    );
+    await request(app).post('/recovered').set('Idempotency-Key', 'k1').send({}).expect(201);
+    const replay = await request(app).post('/recovered').set('Idempotency-Key', 'k1').send({});
+    expect(replay.status).toBe(201);
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(runs).toBe(1);
+  });
+
   test('an app-wide and a route-level middleware compose: the first takes the request', async () => {
     const store = new MemoryStore();
     const app = expressModule();

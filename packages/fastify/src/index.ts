@@ -201,6 +201,13 @@ async function idempotencyPluginAsync(
       if (read.kind === 'stream') {
         // Too big to keep: the rest streams through, and the end of the stream settles the execution.
         const captured = { status: reply.statusCode, headers: reply.getHeaders(), body: undefined };
+        if (responseGone(reply.raw)) {
+          // The client left before the answer began, and the response's 'close' has passed: nothing of the stream
+          // can be sent. The handler ran: recorded as executed (a retry gets a 410), and the source is not read on.
+          read.stop();
+          await execution.endedEarly(captured.status, captured.headers);
+          return EMPTY;
+        }
         state.execution = execution;
         state.stream = { captured, stop: read.stop };
         return Readable.from(continuation(state, read, captured), { objectMode: false });

@@ -439,6 +439,50 @@ describe('@oncely/fastify: streams larger than maxBodyBytes', () => {
       await close(app);
     }
   });
+
+  test('a client that left before the handler returned one: the source is not read on, the key recorded as executed', async () => {
+    const app = Fastify();
+    await app.register(idempotencyPlugin, { ...LEASE, maxBodyBytes: 150 });
+    let runs = 0;
+    let source: Readable | undefined;
+    app.post('/after-leaving', async (_request, reply) => {
+      // Only the first run waits for its client to leave; a second one (a retry let through) answers at once.
+      if (++runs === 1) await new Promise((resolve) => reply.raw.once('close', resolve));
+      source = Readable.from([chunk, chunk, chunk, chunk]);
+      reply.type('application/octet-stream');
+      return reply.send(source);
+    });
+    try {
+      const base = await listen(app);
+      const leaving = httpRequest(`${base}/after-leaving`, {
+        method: 'POST',
+        agent: false,
+        headers: { 'content-type': 'application/json', 'idempotency-key': 'l' },
+      });
+      leaving.on('error', () => {});
+      leaving.end('{}');
+      // Gone once the handler runs (before that, the handler would not run at all).
+      await eventually(
+        async () => runs,
+        (n) => n === 1,
+      );
+      leaving.destroy();
+      await eventually(
+        async () => source?.destroyed === true,
+        (destroyed) => destroyed,
+      );
+      expect(source?.destroyed).toBe(true);
+      const retry = await eventually(
+        () => post(base, '/after-leaving', { 'idempotency-key': 'l' }),
+        (res) => res.status !== 409,
+      );
+      expect(retry.status).toBe(410);
+      expect(retry.headers['idempotent-replayed']).toBe('true');
+      expect(runs).toBe(1);
+    } finally {
+      await close(app);
+    }
+  });
 });
 
 describe('@oncely/fastify: payload handling', () => {

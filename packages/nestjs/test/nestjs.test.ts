@@ -1,6 +1,7 @@
 import 'reflect-metadata';
 import { randomUUID } from 'node:crypto';
-import { request as httpRequest } from 'node:http';
+import { once } from 'node:events';
+import { request as httpRequest, type ServerResponse } from 'node:http';
 import { Readable } from 'node:stream';
 import fastifyCompress from '@fastify/compress';
 import {
@@ -33,7 +34,7 @@ import {
   UseInterceptors,
 } from '@nestjs/common';
 import { APP_INTERCEPTOR } from '@nestjs/core';
-import { MemoryStore, OBSERVERS } from '@oncely/core';
+import { type IdempotencyStore, MemoryStore, OBSERVERS } from '@oncely/core';
 import { idempotency } from '@oncely/express';
 import { idempotencyPlugin } from '@oncely/fastify';
 import { binaryParser, routeCounts, type TestApp } from '@oncely/testing';
@@ -297,6 +298,16 @@ class EdgeCasesController {
     return new StreamableFile(Readable.from(chunks()), { type: 'application/octet-stream' });
   }
 
+  /** Answers once its client has left, with a stream nothing has read yet. */
+  @Post('file-after-leaving')
+  @HttpCode(200)
+  async fileAfterLeaving(@Res({ passthrough: true }) res: { raw?: ServerResponse }): Promise<StreamableFile> {
+    // Only the first run waits: a second one (a retry let through) answers at once.
+    if (this.counts.hit('file-after-leaving') === 1) await once(res.raw ?? (res as ServerResponse), 'close');
+    const chunks = [Buffer.from('chunk-one;'), Buffer.from('chunk-two')];
+    return new StreamableFile(Readable.from(chunks), { type: 'application/octet-stream' });
+  }
+
   @Sse('events')
   events() {
     this.counts.hit('events');
@@ -496,7 +507,11 @@ describe.each(['express', 'fastify'] as const)('@oncely/nestjs on %s', (platform
       // A mark made only of a symbol key (what ...otel() gives) is the route's own.
       // With its x-user: the module's scope refuses a request it would put in `user:undefined`.
       const observed = () =>
-        request(app.url).post('/inherit/observed').set('Idempotency-Key', key).set('x-user', 'carol').send({});
+        request(app.url)
+          .post('/inherit/observed')
+          .set('Idempotency-Key', key)
+          .set('x-user', 'carol')
+          .send({});
       await observed().expect(201);
       await observed().expect(201);
       expect(decisions).toEqual(['executed', 'replayed']);
@@ -891,6 +906,62 @@ describe.each(['express', 'fastify'] as const)('@oncely/nestjs on %s', (platform
       expect((retry.body as Buffer).toString()).toBe('chunk-one;chunk-two');
       expect(app.count('file-fails')).toBe(2);
     });
+
+    test.each([
+      ['below maxBodyBytes', {}],
+      ['beyond maxBodyBytes', { maxBodyBytes: 5 }],
+    ])(
+      'a client that leaves before its handler returns a StreamableFile (%s): settled, its key not held for good',
+      async (size, limit) => {
+        let renewals = 0;
+        const memory = new MemoryStore();
+        const store: IdempotencyStore = {
+          acquire: (...args) => memory.acquire(...args),
+          complete: (...args) => memory.complete(...args),
+          release: (...args) => memory.release(...args),
+          renew: (...args) => {
+            renewals++;
+            return memory.renew(...args);
+          },
+        };
+        // Renewed every 100 ms while the lease is held.
+        const app = await startEdge({ store, lockTimeout: 300, ...limit });
+        const key = newKey();
+        const { port } = new URL(app.url);
+        const req = httpRequest({
+          host: '127.0.0.1',
+          port: Number(port),
+          method: 'POST',
+          path: '/edge/file-after-leaving',
+          headers: { 'idempotency-key': key, 'content-type': 'application/json' },
+        });
+        req.on('error', () => {});
+        req.on('response', (res) => res.resume());
+        req.end('{}');
+        while (app.count('file-after-leaving') === 0) await sleep(5);
+        req.destroy();
+        // Past the lease: a key still held would be renewed and answer 409.
+        await sleep(400);
+        const retry = await post(app, '/edge/file-after-leaving', key).buffer(true).parse(binaryParser);
+        expect(retry.headers['idempotent-replayed']).toBe('true');
+        if (platform === 'express' || size === 'beyond maxBodyBytes') {
+          // Nest's reply on Express stops the stream at the closed response before it is read, and a stream too big
+          // to keep cannot be sent any more: recorded as executed, without a body.
+          expect(retry.status).toBe(410);
+          expect(JSON.parse((retry.body as Buffer).toString()).type).toBe(
+            'https://oncely.dev/problems/response-not-stored',
+          );
+        } else {
+          // Fastify's adapter reads the stream itself (below maxBodyBytes) and stores the whole answer.
+          expect(retry.status).toBe(200);
+          expect((retry.body as Buffer).toString()).toBe('chunk-one;chunk-two');
+        }
+        expect(app.count('file-after-leaving')).toBe(1);
+        const renewed = renewals;
+        await sleep(400);
+        expect(renewals).toBe(renewed);
+      },
+    );
 
     test('an @Sse() route is never covered, even marked and with GET among the methods', async () => {
       const app = await startEdge({ methods: ['GET', 'POST'] });

@@ -37,6 +37,7 @@ export const METRICS = {
   waitDuration: 'oncely.wait.duration',
   activeExecutions: 'oncely.executions.active',
   unconfirmedWrites: 'oncely.store.unconfirmed_writes',
+  unconfirmedWritesEnded: 'oncely.store.unconfirmed_writes.ended',
 } as const;
 
 /** Attribute names used on metrics and spans. None ever carries a key, a scope or anything from a request body. */
@@ -47,7 +48,7 @@ export const ATTRIBUTES = {
   storeOperation: 'oncely.store.operation',
   storeResult: 'oncely.store.result',
   storeKind: 'oncely.store.kind',
-  /** On `oncely.store.unconfirmed_writes`: `unconfirmed`, then how it ended (`confirmed`, `lost`, `gave_up`). */
+  /** On `oncely.store.unconfirmed_writes.ended`: how it ended (`confirmed`, `lost`, `expired`, `gave_up`). */
   unconfirmedOutcome: 'oncely.unconfirmed.outcome',
   /**
    * OpenTelemetry's own `error.type`, set on a store operation's duration and span only when it failed: the class
@@ -102,8 +103,11 @@ const UNCONFIRMED_OUTCOMES: readonly UnconfirmedWriteEvent['outcome'][] = [
   'unconfirmed',
   'confirmed',
   'lost',
+  'expired',
   'gave_up',
 ];
+/** How an unconfirmed write ended: every outcome but the opening (`unconfirmed`), counted apart. */
+const UNCONFIRMED_ENDINGS = UNCONFIRMED_OUTCOMES.filter((outcome) => outcome !== 'unconfirmed');
 
 const KNOWN_OPTIONS = new Set(['meterProvider', 'tracerProvider', 'metrics', 'traces', 'hooks']);
 
@@ -138,6 +142,11 @@ const DECISION_ATTRIBUTES = table(ADAPTERS, (adapter) =>
 );
 const ADAPTER_ATTRIBUTES = table(ADAPTERS, (adapter) => freeze({ [ATTRIBUTES.adapter]: adapter }));
 const UNCONFIRMED_ATTRIBUTES = table(ADAPTERS, (adapter) =>
+  table(UNCONFIRMED_OPERATIONS, (operation) =>
+    freeze({ [ATTRIBUTES.adapter]: adapter, [ATTRIBUTES.storeOperation]: operation }),
+  ),
+);
+const UNCONFIRMED_ENDED_ATTRIBUTES = table(ADAPTERS, (adapter) =>
   table(UNCONFIRMED_OPERATIONS, (operation) =>
     table(UNCONFIRMED_OUTCOMES, (outcome) =>
       freeze({
@@ -198,17 +207,32 @@ function instrumentsOf(meter: Meter): Instruments {
   meter
     .createObservableCounter(METRICS.unconfirmedWrites, {
       description:
-        'Completions and releases the store wrote but its replicas did not confirm in time (outcome unconfirmed), and how each ended (confirmed, lost, gave_up)',
+        'Completions and releases the store wrote but its replicas did not confirm in time (re-sent until they do)',
       unit: '{write}',
     })
     .addCallback((result) => {
       if (!instruments.unconfirmedSeen) return;
       for (const adapter of ADAPTERS)
         for (const operation of UNCONFIRMED_OPERATIONS)
-          for (const outcome of UNCONFIRMED_OUTCOMES)
+          result.observe(
+            instruments.unconfirmed[adapter][operation].unconfirmed,
+            UNCONFIRMED_ATTRIBUTES[adapter][operation],
+          );
+    });
+  meter
+    .createObservableCounter(METRICS.unconfirmedWritesEnded, {
+      description:
+        'How the unconfirmed completions and releases ended (confirmed, lost, expired, gave_up): the writes of oncely.store.unconfirmed_writes, once each',
+      unit: '{write}',
+    })
+    .addCallback((result) => {
+      if (!instruments.unconfirmedSeen) return;
+      for (const adapter of ADAPTERS)
+        for (const operation of UNCONFIRMED_OPERATIONS)
+          for (const outcome of UNCONFIRMED_ENDINGS)
             result.observe(
               instruments.unconfirmed[adapter][operation][outcome],
-              UNCONFIRMED_ATTRIBUTES[adapter][operation][outcome],
+              UNCONFIRMED_ENDED_ATTRIBUTES[adapter][operation][outcome],
             );
     });
   instrumentsByMeter.set(meter, instruments);
@@ -390,13 +414,11 @@ function buildHooks(o: Checked): IdempotencyHooks {
           byOutcome[event.outcome]++;
         }
       }
-      if (o.traces) {
+      // The opening only: the ending comes after the request's span has ended, with no span to record it on.
+      if (o.traces && event.outcome === 'unconfirmed') {
         const span = trace.getActiveSpan();
         if (span?.isRecording())
-          span.addEvent('oncely.unconfirmed_write', {
-            [ATTRIBUTES.storeOperation]: event.operation,
-            [ATTRIBUTES.unconfirmedOutcome]: event.outcome,
-          });
+          span.addEvent('oncely.unconfirmed_write', { [ATTRIBUTES.storeOperation]: event.operation });
       }
     },
     onStoreOperation(event: StoreOperationEvent) {

@@ -8,7 +8,9 @@ import {
 import { otel } from '@oncely/opentelemetry';
 import { telemetry } from './helpers';
 
-// Writes a store could not confirm (RedisStore's waitForReplicas) are counted when they open and by how they end.
+// Writes a store could not confirm (RedisStore's waitForReplicas) are counted once when they open
+// (oncely.store.unconfirmed_writes) and once by how they ended (oncely.store.unconfirmed_writes.ended), so that
+// neither counter counts a write twice.
 
 const t = telemetry();
 afterAll(() => t.shutdown());
@@ -32,15 +34,21 @@ class UnconfirmedStore extends MemoryStore {
 
 async function unconfirmedWrites(): Promise<Record<string, number>> {
   const out: Record<string, number> = {};
-  for (const p of (await t.metrics()).get('oncely.store.unconfirmed_writes') ?? []) {
-    const a = p.attributes;
-    const id = `${a['oncely.adapter']}:${a['oncely.store.operation']}:${a['oncely.unconfirmed.outcome']}`;
-    if ((p.value as number) > 0) out[id] = p.value as number;
+  const metrics = await t.metrics();
+  for (const name of ['oncely.store.unconfirmed_writes', 'oncely.store.unconfirmed_writes.ended']) {
+    for (const p of metrics.get(name) ?? []) {
+      const a = p.attributes;
+      const outcome = a['oncely.unconfirmed.outcome'];
+      // The opening counter has no outcome; its points are named 'unconfirmed' here.
+      if (name === 'oncely.store.unconfirmed_writes' && outcome !== undefined) throw new Error('an outcome');
+      const id = `${a['oncely.adapter']}:${a['oncely.store.operation']}:${outcome ?? 'unconfirmed'}`;
+      if ((p.value as number) > 0) out[id] = p.value as number;
+    }
   }
   return out;
 }
 
-test('oncely.store.unconfirmed_writes counts unconfirmed completions and releases, then how each ended', async () => {
+test('oncely.store.unconfirmed_writes counts unconfirmed completions and releases, .ended how each ended', async () => {
   expect(await unconfirmedWrites()).toEqual({});
   const store = new UnconfirmedStore();
   const engine = new Idempotency({ store, ...otel({ meterProvider: t.meterProvider }) });
@@ -55,6 +63,7 @@ test('oncely.store.unconfirmed_writes counts unconfirmed completions and release
     ['a', 201],
     ['b', 201],
     ['c', 500],
+    ['d', 201],
   ] as const) {
     const decision = await engine.handle(input(key));
     if (decision.action !== 'execute') throw new Error('expected execute');
@@ -67,19 +76,21 @@ test('oncely.store.unconfirmed_writes counts unconfirmed completions and release
   });
   await handle('m');
   expect(await unconfirmedWrites()).toEqual({
-    'http:complete:unconfirmed': 2,
+    'http:complete:unconfirmed': 3,
     'http:release:unconfirmed': 1,
     'consumer:complete:unconfirmed': 1,
   });
   store.settle[0]?.('confirmed');
   store.settle[1]?.('lost');
   store.settle[2]?.('gave_up');
-  store.settle[3]?.('confirmed');
+  store.settle[3]?.('expired');
+  store.settle[4]?.('confirmed');
   await new Promise((resolve) => setImmediate(resolve));
   expect(await unconfirmedWrites()).toEqual({
-    'http:complete:unconfirmed': 2,
+    'http:complete:unconfirmed': 3,
     'http:complete:confirmed': 1,
     'http:complete:lost': 1,
+    'http:complete:expired': 1,
     'http:release:unconfirmed': 1,
     'http:release:gave_up': 1,
     'consumer:complete:unconfirmed': 1,

@@ -60,23 +60,30 @@ export interface RedisStoreOptions {
    * reservation fails as a store error (503, fail-closed, the lease released); a completion's response is still
    * sent, the store error is logged and reported (`onStoreError`, `onUnconfirmedWrite`), and the store re-sends the
    * completion (or release) in the background until it is confirmed, for up to `lockTimeout`, so that a promoted
-   * replica that lacks it still gets it. Keep `timeout` below the client's command timeout, and run at least
+   * replica that lacks it still gets it (on a connection of the store's own, made with `duplicate()` while re-sends
+   * are pending, so that their WAITs never hold yours). Keep `timeout` below the client's command timeout, and run at least
    * `replicas + 1` replicas: after a failover the promoted one is a replica less, and with too few every reservation
    * fails. Standalone and Sentinel (ioredis) clients; refused with a Cluster. Default: off.
    */
   waitForReplicas?: { replicas: number; timeout: Duration };
 }
 
-/** How the re-sending of an unconfirmed completion or release ended (see `RedisReplicationError.confirmation`). */
-export type RedisConfirmationOutcome = 'confirmed' | 'lost' | 'gave_up';
+/**
+ * How the re-sending of an unconfirmed completion or release ended (see `RedisReplicationError.confirmation`):
+ * `'confirmed'` by a WAIT; `'lost'`, the key is no longer this owner's (another's lease or record is there, or, for a
+ * completion within its TTL, nothing is); `'expired'`, a completion's TTL, counted from its first write, ran out before
+ * a WAIT confirmed it (a retry would run again by then anyway); `'gave_up'`, the bound ran out or the store was closed.
+ */
+export type RedisConfirmationOutcome = 'confirmed' | 'lost' | 'expired' | 'gave_up';
 
 /**
  * Fewer replicas than `waitForReplicas.replicas` confirmed a reservation, a completion or a release within its
  * timeout. On `complete` and `release`, `recordWritten` is true when the primary has the write, false when the call
  * failed without a reply (`cause`: a dropped connection, a timeout, a failover under way), so that it may or may not
  * have run; either way the store re-sends it in the background until a `WAIT` confirms it (`confirmation` resolves
- * `'confirmed'`), the key is no longer this owner's (`'lost'`), or the bound runs out (the longest `lockTimeout`
- * after the write) or the store is closed (`'gave_up'`).
+ * `'confirmed'`), the key is no longer this owner's (`'lost'`), a completion's TTL runs out (`'expired'`), or the
+ * bound runs out (the longest `lockTimeout` after the write) or the store is closed (`'gave_up'`, after close()'s
+ * last chance).
  */
 export class RedisReplicationError extends Error {
   override readonly name = 'RedisReplicationError';
@@ -113,8 +120,11 @@ export class RedisReplicationError extends Error {
 export class RedisStore implements IdempotencyStore {
   readonly #connection: RedisConnection;
   readonly #prefix: string;
-  /** Whether the prefix holds a whole hash tag (`{...}`), which then picks the slot of every key. */
-  readonly #prefixTagged: boolean;
+  /**
+   * Whether a store key holding a brace gets a digest tag of its own (`#redisKey`): on a Cluster client only, and
+   * not when the prefix holds a whole hash tag (`{...}`), which then picks the slot of every key on purpose.
+   */
+  readonly #digestTags: boolean;
   readonly #channel: string;
   #subscription: { ready: Promise<void>; close(): void } | undefined;
   #subscribed: Promise<void> | undefined;
@@ -123,6 +133,14 @@ export class RedisStore implements IdempotencyStore {
   readonly #coalesce: boolean;
   readonly #replication: { replicas: number; timeoutMs: number } | undefined;
   #pendingConfirmation: Promise<number> | undefined;
+  /** The unconfirmed writes being re-sent, all in the same rounds (`#resendUnconfirmed`). */
+  readonly #unconfirmed = new Set<UnconfirmedWrite>();
+  /** The loop that re-sends them, while there are any. */
+  #resending: Promise<void> | undefined;
+  /** Ends the loop's pause early (close()). */
+  #wakeResending: (() => void) | undefined;
+  /** After close(): when the re-sending gives up on what is still unconfirmed (performance.now()). */
+  #closeBy: number | undefined;
   /**
    * The longest lease this store has reserved with: how long an unconfirmed completion or release is re-sent. A
    * promoted replica can hold the write's lease no longer than that after the write, so past it a re-send could not
@@ -156,9 +174,16 @@ export class RedisStore implements IdempotencyStore {
     const coalesce = options.coalesceWrites ?? true;
     if (typeof coalesce !== 'boolean')
       throw new TypeError('oncely/redis: option "coalesceWrites" must be true or false.');
-    this.#prefix = prefix;
     const open = prefix.indexOf('{');
-    this.#prefixTagged = open >= 0 && prefix.indexOf('}', open + 1) >= 0;
+    // Redis ignores an empty `{}` and hashes the whole key, but cluster-key-slot (ioredis, node-redis) reads on to
+    // the next tag: the client would send to one slot and the server answer MOVED for another.
+    if (open >= 0 && prefix[open + 1] === '}') {
+      throw new TypeError(
+        `oncely/redis: option "prefix" (${JSON.stringify(prefix)}) holds an empty hash tag "{}", which Redis Cluster and its clients hash differently; put a name in it ("{myapp}:") or leave the braces out.`,
+      );
+    }
+    this.#prefix = prefix;
+    this.#digestTags = this.#connection.cluster && !(open >= 0 && prefix.indexOf('}', open + 1) >= 0);
     this.#channel = `${prefix}completed`;
     this.#coalesce = coalesce;
     this.#replication = checkWaitForReplicas(options.waitForReplicas, this.#connection);
@@ -209,20 +234,27 @@ export class RedisStore implements IdempotencyStore {
     const record = completedRecord(token.slice(TOKEN_ID_LENGTH), response, body);
     const args = [token, record, ttlMs, this.#channel];
     if (this.#replication === undefined) return parseFlag(await this.#run(SCRIPTS.complete, key, args));
-    return this.#writeConfirmed(
-      'complete',
-      SCRIPTS.complete,
-      SCRIPTS.recomplete,
-      key,
-      args,
-      this.#replication,
-    );
+    // Re-sent, the record keeps the TTL counted from this first write: it never outlives `ttlMs` by the re-sending.
+    const firstWrite = performance.now();
+    return this.#writeConfirmed('complete', SCRIPTS.complete, key, args, this.#replication, {
+      script: SCRIPTS.recomplete,
+      args: () => [
+        token,
+        record,
+        Math.max(1, Math.floor(firstWrite + ttlMs - performance.now())),
+        this.#channel,
+      ],
+      expires: firstWrite + ttlMs,
+    });
   }
 
   async release(key: string, token: string): Promise<boolean> {
     const args = [token, this.#channel];
     if (this.#replication === undefined) return parseFlag(await this.#run(SCRIPTS.release, key, args));
-    return this.#writeConfirmed('release', SCRIPTS.release, SCRIPTS.rerelease, key, args, this.#replication);
+    return this.#writeConfirmed('release', SCRIPTS.release, key, args, this.#replication, {
+      script: SCRIPTS.rerelease,
+      args: () => args,
+    });
   }
 
   async renew(key: string, token: string, lockTimeoutMs: number): Promise<boolean> {
@@ -292,7 +324,11 @@ export class RedisStore implements IdempotencyStore {
     if (waiters.size === 0 && this.#waiters.get(redisKey) === waiters) this.#waiters.delete(redisKey);
   }
 
-  /** Closes the store's own subscriber connection; the client you passed in stays yours to quit. */
+  /**
+   * Closes the store's own connections; the client you passed in stays yours to quit. Unconfirmed writes still being
+   * re-sent (`waitForReplicas`) get a last chance first: close() re-sends them at once and waits for their WAIT, up
+   * to 1 s (or twice the WAIT timeout, if longer); what is still unconfirmed then ends as `'gave_up'`.
+   */
   async close(): Promise<void> {
     this.#closed = true;
     for (const waiters of this.#waiters.values()) for (const wake of waiters) wake();
@@ -300,6 +336,14 @@ export class RedisStore implements IdempotencyStore {
     this.#subscription = undefined;
     this.#subscribed = undefined;
     subscription?.close();
+    if (this.#closeBy === undefined) {
+      const timeoutMs = this.#replication?.timeoutMs ?? 0;
+      this.#closeBy = performance.now() + Math.max(CLOSE_GRACE_MS, 2 * timeoutMs);
+    }
+    while (this.#resending !== undefined) {
+      this.#wakeResending?.();
+      await this.#resending;
+    }
   }
 
   /**
@@ -341,10 +385,10 @@ export class RedisStore implements IdempotencyStore {
   async #writeConfirmed(
     operation: 'complete' | 'release',
     script: Script,
-    resend: Script,
     key: string,
     args: ScriptArgument[],
     replication: { replicas: number; timeoutMs: number },
+    resend: Omit<UnconfirmedWrite, 'key' | 'until' | 'settle'>,
   ): Promise<boolean> {
     let reply: unknown;
     let confirmation: Promise<number>;
@@ -354,44 +398,167 @@ export class RedisStore implements IdempotencyStore {
       // No reply (a dropped connection, a timeout, a failover under way, a node no longer primary): the write may
       // have run or not. The re-send takes either state, and the lease is still this owner's on whichever node
       // will be primary.
-      const resending = this.#resend(resend, key, args, replication);
+      const resending = this.#resend(key, resend, replication);
       throw new RedisReplicationError(operation, 0, replication.replicas, false, resending, { cause: error });
     }
     if (!parseFlag(reply)) return false; // fenced: nothing written
     // A WAIT that failed (its connection dropped) confirmed nothing either.
     const confirmed = await confirmation.catch(() => 0);
     if (confirmed >= replication.replicas) return true;
-    const resending = this.#resend(resend, key, args, replication);
+    const resending = this.#resend(key, resend, replication);
     throw new RedisReplicationError(operation, confirmed, replication.replicas, true, resending);
   }
 
   /**
-   * Re-sends an unconfirmed write, with its WAIT, at growing intervals (0.1 s, 0.2 s... up to 1 s) until a WAIT
-   * confirms it, the script finds the key no longer this owner's, or the longest lease has passed or the store is
-   * closed. A failed try (the primary down, a failover under way, a READONLY node) is tried again: once the client
-   * follows the failover, the re-send lands on the promoted node, where the lease of this token still holds the key.
+   * Re-sends an unconfirmed write in the background until a WAIT confirms it, the script finds the key no longer
+   * this owner's, a completion's TTL runs out, or the longest lease has passed (or the store was closed and its
+   * last chance is over). A promoted replica can hold the write's lease no longer than that lease, so past it a
+   * re-send could not land where a retry would find it.
    */
-  async #resend(
-    script: Script,
+  #resend(
     key: string,
-    args: ScriptArgument[],
+    write: Omit<UnconfirmedWrite, 'key' | 'until' | 'settle'>,
     replication: { replicas: number; timeoutMs: number },
   ): Promise<RedisConfirmationOutcome> {
-    const until = performance.now() + (this.#longestLeaseMs || DEFAULT_LEASE_MS);
+    return new Promise<RedisConfirmationOutcome>((resolve) => {
+      const unconfirmed: UnconfirmedWrite = {
+        ...write,
+        key,
+        until: performance.now() + (this.#longestLeaseMs || DEFAULT_LEASE_MS),
+        settle: (outcome) => {
+          if (this.#unconfirmed.delete(unconfirmed)) resolve(outcome);
+        },
+      };
+      this.#unconfirmed.add(unconfirmed);
+      this.#startResending(replication);
+    });
+  }
+
+  #startResending(replication: { replicas: number; timeoutMs: number }): void {
+    if (this.#resending !== undefined) return;
+    this.#resending = this.#resendUnconfirmed(replication)
+      .catch(() => {
+        // A connection that could not even be made (the client refused to duplicate): nothing can confirm them.
+        for (const write of this.#unconfirmed) write.settle('gave_up');
+      })
+      .then(() => {
+        this.#resending = undefined;
+        // A write added while the loop was ending.
+        if (this.#unconfirmed.size > 0) this.#startResending(replication);
+      });
+  }
+
+  /**
+   * The store-wide re-sending: every pending write is tried in the same round, at growing intervals (0.1 s, 0.2 s...
+   * up to 1 s), followed by one WAIT that confirms them all. Rounds go out on a connection of the store's own, opened
+   * while writes are pending and closed after, so that their WAITs never hold the user's connection (a WAIT blocks its
+   * connection until it returns). One round at a time: a write has at most one try in flight, and a round without an
+   * answer (a hung node, a half-open connection) has its connection closed, freeing what it held, and the next round
+   * opens another, which follows a failover as the user's client does. A failed try is tried again: once the
+   * connection follows the failover, the re-send lands on the promoted node, where this token's lease still holds
+   * the key.
+   */
+  async #resendUnconfirmed(replication: { replicas: number; timeoutMs: number }): Promise<void> {
+    let side: SideConnection | undefined;
+    let round: { started: number; side: SideConnection } | undefined;
     let delayMs = RESEND_FIRST_DELAY_MS;
-    for (;;) {
-      await new Promise<void>((resolve) => setTimeout(resolve, delayMs).unref());
-      if (this.#closed) return 'gave_up';
-      delayMs = Math.min(delayMs * 2, RESEND_MAX_DELAY_MS);
-      try {
-        const [reply, confirmation] = await this.#runConfirmed(script, key, args, replication);
-        if (!parseFlag(reply)) return 'lost';
-        if ((await confirmation) >= replication.replicas) return 'confirmed';
-      } catch {
-        // Not reached, or not confirmed: try again.
+    try {
+      while (this.#unconfirmed.size > 0) {
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(wake, this.#closeBy === undefined ? delayMs : RESEND_FIRST_DELAY_MS);
+          timer.unref();
+          function wake() {
+            clearTimeout(timer);
+            resolve();
+          }
+          this.#wakeResending = wake;
+        });
+        this.#wakeResending = undefined;
+        delayMs = Math.min(delayMs * 2, RESEND_MAX_DELAY_MS);
+        const now = performance.now();
+        for (const write of this.#unconfirmed) {
+          if (write.expires !== undefined && now >= write.expires) write.settle('expired');
+          else if (now >= write.until || (this.#closeBy !== undefined && now >= this.#closeBy))
+            write.settle('gave_up');
+        }
+        if (this.#unconfirmed.size === 0) break;
+        if (round !== undefined) {
+          if (now - round.started < replication.timeoutMs + ROUND_BOUND_MS) continue;
+          // No answer for that long: drop the connection and what it holds in flight; the next round opens another.
+          round.side.close();
+          if (side === round.side) side = undefined;
+          round = undefined;
+        }
+        side ??= this.#connection.sideConnection();
+        const current = { started: now, side };
+        round = current;
+        const ended = (failed: boolean) => {
+          // A try or a WAIT without a reply may still be queued on the connection: a new one sends no second copy.
+          if (failed) {
+            current.side.close();
+            if (side === current.side) side = undefined;
+          }
+          if (round === current) round = undefined;
+        };
+        this.#resendRound(current.side, replication).then(ended, () => ended(true));
       }
-      if (performance.now() >= until) return 'gave_up';
+    } finally {
+      this.#wakeResending = undefined;
+      side?.close();
     }
+  }
+
+  /**
+   * One round: each pending write's re-send, then one WAIT, in that order on one connection, so that the WAIT
+   * confirms them all. Resolves true when something got no reply (the connection is then replaced).
+   */
+  async #resendRound(
+    side: SideConnection,
+    replication: { replicas: number; timeoutMs: number },
+  ): Promise<boolean> {
+    try {
+      await side.ready;
+    } catch {
+      return true;
+    }
+    const writes = [...this.#unconfirmed];
+    if (writes.length === 0) return false;
+    const tries = writes.map((write) =>
+      side.connection.evalsha(write.script.sha, this.#redisKey(write.key), write.args()),
+    );
+    const waited = side.connection.wait(replication.replicas, replication.timeoutMs);
+    waited.catch(() => {});
+    const replies = await Promise.allSettled(tries);
+    let failed = false;
+    const written: UnconfirmedWrite[] = [];
+    replies.forEach((reply, i) => {
+      const write = writes[i] as UnconfirmedWrite;
+      if (reply.status === 'rejected') {
+        const message = reply.reason instanceof Error ? reply.reason.message : '';
+        // First use on this node (a promoted replica, a restart): EVAL loads the script; the next round confirms.
+        if (message.startsWith('NOSCRIPT'))
+          side.connection.eval(write.script.lua, this.#redisKey(write.key), write.args()).catch(() => {});
+        else if (!SERVER_ERROR.test(message)) failed = true;
+        return;
+      }
+      if (reply.value === 1) written.push(write);
+      // The key is gone: a completion whose TTL ran out (give or take the clocks of two servers) has expired.
+      else if (
+        reply.value === 2 &&
+        write.expires !== undefined &&
+        performance.now() >= write.expires - EXPIRY_SLACK_MS
+      )
+        write.settle('expired');
+      else write.settle('lost');
+    });
+    let confirmed = 0;
+    try {
+      confirmed = await waited;
+    } catch (error) {
+      if (!(error instanceof Error) || !SERVER_ERROR.test(error.message)) failed = true;
+    }
+    if (confirmed >= replication.replicas) for (const write of written) write.settle('confirmed');
+    return failed;
   }
 
   /**
@@ -440,8 +607,25 @@ export class RedisStore implements IdempotencyStore {
    * removes the lease or the lease has lapsed by itself.
    */
   #undoAcquire(key: string, token: string, lockTimeoutMs: number): void {
+    const args = [token, this.#channel];
+    const replication = this.#replication;
     undoAcquire(
-      async () => parseFlag(await this.#run(SCRIPTS.release, key, [token, this.#channel])),
+      replication === undefined
+        ? async () => parseFlag(await this.#run(SCRIPTS.release, key, args))
+        : // With waitForReplicas the release is confirmed too (re-sent until a WAIT confirms it): a failover must
+          // not bring back the lease of a reservation that was refused.
+          async () => {
+            try {
+              return await this.#writeConfirmed('release', SCRIPTS.release, key, args, replication, {
+                script: SCRIPTS.rerelease,
+                args: () => args,
+              });
+            } catch (error) {
+              // Written, and re-sent until confirmed: done. No reply: try again, as without waitForReplicas.
+              if (error instanceof RedisReplicationError && error.recordWritten) return true;
+              throw error;
+            }
+          },
       lockTimeoutMs,
       () => this.#closed,
     );
@@ -477,13 +661,14 @@ export class RedisStore implements IdempotencyStore {
   /**
    * The Redis key of a store key: the prefix, then the key. Redis Cluster hashes only what a key's first `{...}`
    * holds, so a client's key such as `{x}1` would pick the slot, and one client could put all its records on one
-   * shard. A key holding a brace (or a `}` after a prefix's open `{`) gets a tag of its own first, a digest of the
-   * whole key, which spreads such keys as other keys spread; other keys, every key a well-behaved client sends,
-   * keep the layout they had. One-to-one: a tagged key has a `{` right after the prefix, an untagged one none. (Not an
-   * empty `{}`: Redis hashes the whole key then, but cluster-key-slot, which ioredis and node-redis use, reads on.)
+   * shard. On a Cluster, a key holding a brace (or a `}` after a prefix's open `{`) gets a tag of its own first, a
+   * digest of the whole key, which spreads such keys as other keys spread; other keys, every key a well-behaved
+   * client sends, keep the layout they had. One-to-one: a tagged key has a `{` right after the prefix, an untagged
+   * one none. (Not an empty `{}`: Redis hashes the whole key then, but cluster-key-slot, which ioredis and
+   * node-redis use, reads on.) A standalone or Sentinel server has no slots: every key is prefix + key there.
    */
   #redisKey(key: string): string {
-    if (this.#prefixTagged || (!key.includes('{') && !(key.includes('}') && this.#prefix.includes('{'))))
+    if (!this.#digestTags || (!key.includes('{') && !(key.includes('}') && this.#prefix.includes('{'))))
       return this.#prefix + key;
     return `${this.#prefix}{${createHash('sha256').update(key).digest('base64url').slice(0, 12)}}${key}`;
   }
@@ -507,6 +692,32 @@ const DEFAULT_LEASE_MS = 30_000;
 /** The first and the longest pause between two re-sends of an unconfirmed write. */
 const RESEND_FIRST_DELAY_MS = 100;
 const RESEND_MAX_DELAY_MS = 1000;
+
+/** How long past its WAIT's timeout a round of re-sends may go without an answer before its connection is dropped. */
+const ROUND_BOUND_MS = 1000;
+
+/** close()'s wait for the writes still being re-sent, at least. */
+const CLOSE_GRACE_MS = 1000;
+
+/** How far the clocks of two Redis servers (a failover's) may disagree on when a completion's TTL ran out. */
+const EXPIRY_SLACK_MS = 1000;
+
+/** An unconfirmed completion or release being re-sent (`#resend`). */
+interface UnconfirmedWrite {
+  readonly key: string;
+  /** RECOMPLETE or RERELEASE. */
+  readonly script: Script;
+  /** Its arguments for a try now (a completion's TTL is what is left of it). */
+  readonly args: () => ScriptArgument[];
+  /** A completion's: when its TTL, counted from the first write, runs out (performance.now()). */
+  readonly expires?: number;
+  /** When the re-sending stops: the longest lease after the write. */
+  readonly until: number;
+  /** Ends it (once; later calls do nothing). */
+  settle(outcome: RedisConfirmationOutcome): void;
+}
+
+type SideConnection = ReturnType<RedisConnection['sideConnection']>;
 
 /** A `randomUUID()`: the fencing token is one followed by the fingerprint. */
 const TOKEN_ID_LENGTH = 36;

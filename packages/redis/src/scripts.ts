@@ -80,16 +80,22 @@ if s == 119 then redis.call('PUBLISH', ARGV[2], KEYS[1]) end
 return 1`;
 
 /**
- * KEYS: record. ARGV: token, the completed record, ttlMs, channel (COMPLETE's). Re-sends a completion its replicas
- * did not confirm (`waitForReplicas`): writes it where this token's lease still holds the key (a replica promoted
- * without the completion), writes it again where the very same record is there (so that the WAIT behind it has a
- * write of this connection to confirm: a WAIT confirms a connection's own writes only), and refuses anything else
- * (the key gone, another owner's lease or record): the completion is lost.
+ * KEYS: record. ARGV: token, the completed record, the TTL left (ms), channel (COMPLETE's). Re-sends a completion its
+ * replicas did not confirm (`waitForReplicas`). Where the very same record is there, it only rewrites its first byte
+ * (`SETRANGE`, a few bytes to replicate, the TTL untouched): the WAIT behind it needs a write of this connection to
+ * confirm (a WAIT confirms a connection's own writes only), not the whole record again. Where this token's lease still
+ * holds the key (a replica promoted without the completion) it writes the record, for what is left of its TTL.
+ * Replies 1 (written or there), 2 (the key is gone), 0 (another owner's lease or record: the completion is lost).
  */
 export const RECOMPLETE = `local v = redis.pcall('GET', KEYS[1])
+if not v then return 2 end
 if type(v) ~= 'string' then return 0 end
+if v == ARGV[2] then
+  redis.call('SETRANGE', KEYS[1], 0, 'c')
+  return 1
+end
 local s = string.byte(v, 1)
-if v ~= ARGV[2] and ((s ~= 112 and s ~= 119) or string.sub(v, 2) ~= ARGV[1]) then return 0 end
+if (s ~= 112 and s ~= 119) or string.sub(v, 2) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 if s == 119 then redis.call('PUBLISH', ARGV[4], KEYS[1]) end
 return 1`;

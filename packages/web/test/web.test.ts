@@ -125,8 +125,9 @@ describe('@oncely/web specifics', () => {
           }),
         );
       },
-      // A lease of 300 ms, renewed while the body is held: a retry would get 409 for as long as it is.
-      { maxBodyBytes: 100, lockTimeout: 300 },
+      // A lease renewed while the body is held: a retry would get 409 for as long as it is. Long enough that a
+      // starved event loop (CI's busy cores) cannot let it lapse between renewals, which would answer 200.
+      { maxBodyBytes: 100, lockTimeout: 5000 },
     );
     // In a function of its own, so that nothing here keeps the response reachable.
     const dropUnread = async () => {

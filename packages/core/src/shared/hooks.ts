@@ -44,8 +44,13 @@ export interface StoreOperationEvent {
   errorType?: string;
 }
 
-/** How a write the store could not confirm in time ended (`onUnconfirmedWrite`). */
-export type UnconfirmedWriteOutcome = 'confirmed' | 'lost' | 'gave_up';
+/**
+ * How a write the store could not confirm in time ended (`onUnconfirmedWrite`): `'confirmed'` (a re-sent write was
+ * confirmed), `'lost'` (the key is no longer this execution's), `'expired'` (a completion's TTL ran out before it was
+ * confirmed: a retry would run again by then anyway), `'gave_up'` (the store stopped re-sending: its bound ran out,
+ * or it was closed).
+ */
+export type UnconfirmedWriteOutcome = 'confirmed' | 'lost' | 'expired' | 'gave_up';
 
 /** An execution (a handler or consumer function running under a key, or unprotected in fail-open) began or ended. */
 export interface ExecutionEvent {

@@ -47,22 +47,43 @@ export function followConfirmation(
   report({ ...event, outcome: 'unconfirmed' });
   confirmation.then(
     (outcome) => {
-      report({ ...event, outcome });
-      const fields = { key: event.key, operation: event.operation, outcome };
-      if (outcome === 'confirmed') log.info(fields, 'oncely: the replicas confirmed the re-sent write');
-      else if (event.operation === 'release')
-        log.warn(fields, 'oncely: the release was never confirmed; the key frees itself when its lease ends');
-      else
-        log.error(
-          fields,
-          outcome === 'lost'
-            ? "oncely: the unconfirmed response was lost (the key is no longer this execution's): a retry runs the handler again"
-            : 'oncely: stopped re-sending the unconfirmed response (lockTimeout passed, or the store was closed): a failover that loses it lets a retry run the handler again',
-        );
+      // Runs long after the request: a hook or a logger that throws here would be an unhandled rejection.
+      try {
+        report({ ...event, outcome });
+        logConfirmation(log, event, outcome);
+      } catch {
+        // the hook's and the logger's own failure, with nobody left to answer
+      }
     },
     () => {},
   );
   return true;
+}
+
+function logConfirmation(
+  log: Logger,
+  event: { key: string; operation: 'complete' | 'release' },
+  outcome: UnconfirmedWriteOutcome,
+): void {
+  const fields = { key: event.key, operation: event.operation, outcome };
+  if (outcome === 'confirmed') log.info(fields, 'oncely: the replicas confirmed the re-sent write');
+  else if (event.operation === 'release')
+    if (outcome === 'lost')
+      log.info(
+        fields,
+        "oncely: the re-sent release found the key no longer this execution's (another request holds it, or it completed): nothing left to release",
+      );
+    else
+      log.warn(fields, 'oncely: the release was never confirmed; the key frees itself when its lease ends');
+  else if (outcome === 'expired')
+    log.info(fields, "oncely: the unconfirmed response's ttl ran out before the replicas confirmed it");
+  else
+    log.error(
+      fields,
+      outcome === 'lost'
+        ? "oncely: the unconfirmed response was lost (the key is no longer this execution's): a retry runs the handler again"
+        : 'oncely: stopped re-sending the unconfirmed response (lockTimeout passed, or the store was closed): a failover that loses it lets a retry run the handler again',
+    );
 }
 
 /**

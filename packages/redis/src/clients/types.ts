@@ -36,6 +36,12 @@ export interface RedisConnection {
    */
   subscribe(channel: string, onMessage: (message: string) => void): { ready: Promise<void>; close(): void };
   /**
+   * Another connection of its own, made from the user's client (same server, options and failover handling), for
+   * the store's background work: re-sent writes and their WAITs, which would otherwise block the user's connection.
+   * `ready` resolves once it is connected (it may never settle); `close()` ends it, whatever its state.
+   */
+  sideConnection(): { connection: RedisConnection; ready: Promise<void>; close(): void };
+  /**
    * The sockets the store may cork to send one event-loop turn's commands in one write per connection: the client's
    * one, every node's of a Cluster, or none (not connected, or the client batches by itself).
    */
