@@ -26,9 +26,10 @@ describe.each(versions)('%s specifics', (_name, expressModule) => {
     let runs = 0;
     app.post(
       '/recovered',
-      (_req, _res, next) => next(Object.assign(new Error('cache miss'), { status: 503 })),
+      (_req: express.Request, _res: express.Response, next: express.NextFunction) =>
+        next(Object.assign(new Error('cache miss'), { status: 503 })),
       (_error: unknown, _req: express.Request, _res: express.Response, next: express.NextFunction) => next(),
-      (_req, res) => void res.status(201).json({ run: ++runs }),
+      (_req: express.Request, res: express.Response) => void res.status(201).json({ run: ++runs }),
     );
     await request(app).post('/recovered').set('Idempotency-Key', 'k1').send({}).expect(201);
     const replay = await request(app).post('/recovered').set('Idempotency-Key', 'k1').send({});
