@@ -115,6 +115,22 @@ describe('consumerRuntime: one delivery, one settlement in neutral words', () =>
     });
   });
 
+  test('hooks are called as methods of the hooks object: a plain-object hook may use this', async () => {
+    const seen: string[] = [];
+    const hooks = {
+      note(outcome: string) {
+        seen.push(outcome);
+      },
+      onDecision(this: { note(outcome: string): void }, event: { outcome: string }) {
+        this.note(event.outcome);
+      },
+    };
+    const runtime = runtimeWith({ hooks });
+    await runtime.decide({ body: 'no key' }, 0, () => {});
+    await runtime.decide({ id: 'h', body: 'x' }, 0, () => {});
+    expect(seen).toEqual(['rejected', 'executed']);
+  });
+
   test('no key: dead-lettered, or run unprotected with onMissingKey: process; a throwing key function is invalid-key', async () => {
     let runs = 0;
     const work = () => {

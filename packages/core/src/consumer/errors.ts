@@ -28,7 +28,6 @@ export class IdempotencyMismatchError extends Error {
   }
 }
 
-/** The message of the IdempotencyKeyError for a key that a UTF-8 store would confuse with another. */
 /** The key (or fingerprint) function threw, or returned something that is not a usable key. Nothing ran. */
 export class IdempotencyKeyError extends Error {
   override readonly name = 'IdempotencyKeyError';

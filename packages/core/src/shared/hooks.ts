@@ -183,7 +183,8 @@ export class HookRunner {
     const hook = this.hooks[name] as ((e: HookEvent<K>) => void) | undefined;
     if (hook === undefined) return;
     try {
-      hook(event);
+      // Called as a method of the hooks object: a plain-object hook may use `this`, as it always could.
+      hook.call(this.hooks, event);
     } catch (error) {
       tellHookThrew(log, name, error, this.#warned);
     }

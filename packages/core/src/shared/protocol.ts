@@ -176,7 +176,7 @@ export class Lease {
   }
 
   #schedule(): void {
-    // The lease rides as the timer's argument: no closure per renewal.
+    // The lease rides as the timer's argument rather than in a closure made per renewal.
     this.#timer = setTimeout(Lease.#renew, Math.max(1, Math.floor(this.#protocol.lockTimeoutMs / 3)), this);
     // A pending renewal must not keep a process alive on its own.
     this.#timer.unref();
