@@ -220,6 +220,28 @@ describe('wait mode without a store wake-up', () => {
   });
 });
 
+describe('a store whose wake-up fails', () => {
+  test('a waitFor that rejects or throws: the wait polls instead, and the duplicate gets the replay', async () => {
+    for (const failure of ['rejects', 'throws'] as const) {
+      class FailingWake extends MemoryStore {
+        override waitFor(): Promise<void> {
+          if (failure === 'throws') throw new Error('subscriber down');
+          return Promise.reject(new Error('subscriber down'));
+        }
+      }
+      const store = new FailingWake();
+      const engine = new Idempotency({ store, inProgress: { wait: '5s' } });
+      const first = expectExecute(await engine.handle(input(`wake-${failure}`)));
+      const waiting = engine.handle(input(`wake-${failure}`));
+      await sleep(100);
+      await first.complete(ok);
+      const decision = await waiting;
+      expect([failure, decision.action === 'respond' && decision.replayed]).toEqual([failure, true]);
+      await store.close();
+    }
+  });
+});
+
 describe('store answers', () => {
   test('an unknown acquire result is a store error (503), not a hang', async () => {
     const odd: IdempotencyStore = {

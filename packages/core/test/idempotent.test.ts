@@ -174,6 +174,28 @@ describe('at most once per key', () => {
     expect(b.result).toBe('done');
   });
 
+  test('wait mode with a store.waitFor that rejects polls instead, and replays once the first call finishes', async () => {
+    const failingWake: IdempotencyStore = {
+      acquire: (k, o) => store.acquire(k, o),
+      complete: (k, t, r, ttl) => store.complete(k, t, r, ttl),
+      release: (k, t) => store.release(k, t),
+      renew: (k, t, l) => store.renew(k, t, l),
+      waitFor: () => Promise.reject(new Error('subscriber down')),
+    };
+    let runs = 0;
+    const run = idempotentOutcome(
+      async () => {
+        runs++;
+        await sleep(150);
+        return 'done';
+      },
+      { store: failingWake, key: () => 'wake-fails', inProgress: { wait: '3s' } },
+    );
+    const [a, b] = await Promise.all([run(), sleep(10).then(() => run())]);
+    expect(runs).toBe(1);
+    expect([a.outcome, b.outcome].sort()).toEqual(['executed', 'replayed']);
+  });
+
   test('wait mode gives up after the wait with IdempotencyInProgressError', async () => {
     let release!: () => void;
     const blocked = new Promise<void>((resolve) => {

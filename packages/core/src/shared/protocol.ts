@@ -244,15 +244,23 @@ export class Wait {
   /**
    * Sleeps until the record changes, the lease runs out, or the wait ends; false, without sleeping, when the wait
    * is over. A store wake-up is trusted for up to 5s at a time (the bound on a lost notification); without one,
-   * polls with backoff (25ms doubling to 1.6s) rather than spin.
+   * polls with backoff (25ms doubling to 1.6s) rather than spin. Never rejects: a failed wake-up is a poll.
    */
   async next(store: IdempotencyStore, key: string, retryAfterMs: number): Promise<boolean> {
     // The first sleep is measured from the start, as the wait's deadline is.
     const now = this.#polls === 0 ? this.start : Date.now();
     if (now >= this.#deadline) return false;
     const slice = Math.min(this.#deadline - now, Math.max(retryAfterMs, 1));
-    if (store.waitFor) await store.waitFor(key, Math.min(slice, 5000));
-    else await sleep(Math.min(slice, 25 * 2 ** Math.min(this.#polls, 6)));
+    const poll = Math.min(slice, 25 * 2 ** Math.min(this.#polls, 6));
+    if (store.waitFor) {
+      try {
+        await store.waitFor(key, Math.min(slice, 5000));
+      } catch {
+        // A wake-up that failed says nothing about the record: poll instead. The next acquire meets an outage of the
+        // store itself as a store error, answered as any other.
+        await sleep(poll);
+      }
+    } else await sleep(poll);
     this.#polls++;
     return true;
   }
