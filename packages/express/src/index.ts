@@ -47,6 +47,8 @@ interface RequestState {
   context: IdempotencyContext;
   /** An error a later handler passed on (seen through the patched Layer): the key is released. */
   error: unknown;
+  /** The error a handler passed to `next(err)`, as the Layer saw it: cleared if the router goes on without it. */
+  passedOn?: unknown;
   /** The response's capture while it holds the body back; `undefined` once the response went its own way. */
   capture: Capture | undefined;
   /**
@@ -130,6 +132,7 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
           execution,
           context,
           error: undefined,
+          passedOn: undefined,
           capture: undefined,
           registration,
         };
@@ -705,18 +708,9 @@ function inheritedOr(prototype: Record<Method, AnyMethod>, method: Method): AnyM
 interface LayerPrototype {
   handle_request?: LayerHandle;
   handleRequest?: LayerHandle;
-  handle_error?: LayerErrorHandle;
-  handleError?: LayerErrorHandle;
   [kLayerPatched]?: true;
 }
 type LayerHandle = (this: unknown, req: Request, res: Response, next: NextFunction) => unknown;
-type LayerErrorHandle = (
-  this: unknown,
-  error: unknown,
-  req: Request,
-  res: Response,
-  next: NextFunction,
-) => unknown;
 
 /**
  * Express gives middleware no way to see an error that a later handler throws or passes to `next(err)`: the router
@@ -747,6 +741,10 @@ function patchLayer(req: Request): void {
     ) {
       const state = ownState(res);
       if (state === undefined) return original.call(this, req, res, next);
+      // The router runs a request handler only while no error is pending: one passed on before was recovered from
+      // (an error handler called `next()` without it), so the answer that follows is stored like any other.
+      if (state.passedOn !== undefined && state.error === state.passedOn)
+        state.error = state.passedOn = undefined;
       const observed = ((error?: unknown) => {
         if (
           error !== undefined &&
@@ -755,32 +753,11 @@ function patchLayer(req: Request): void {
           error !== 'router' &&
           state.error === undefined
         ) {
-          state.error = error;
+          state.error = state.passedOn = error;
         }
         return next(error as Error);
       }) as NextFunction;
       return original.call(this, req, res, observed);
-    };
-  }
-  // An error handler that calls `next()` without an error recovered from it: the request goes on as if it had not
-  // failed, so its answer is stored (releasing the key would run a completed handler again on the retry).
-  for (const method of ['handle_error', 'handleError'] as const) {
-    const original = proto[method];
-    if (typeof original !== 'function') continue;
-    proto[method] = function handleErrorObserved(
-      this: unknown,
-      error: unknown,
-      req: Request,
-      res: Response,
-      next: NextFunction,
-    ) {
-      const state = ownState(res);
-      if (state === undefined || state.error !== error) return original.call(this, error, req, res, next);
-      const observed = ((nextError?: unknown) => {
-        if ((nextError === undefined || nextError === null) && state.error === error) state.error = undefined;
-        return next(nextError as Error);
-      }) as NextFunction;
-      return original.call(this, error, req, res, observed);
     };
   }
 }
