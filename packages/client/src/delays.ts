@@ -1,4 +1,4 @@
-/** `Retry-After` (RFC 9110 §10.2.3), seconds or an HTTP date, in milliseconds from `now`; undefined if absent or invalid. */
+/** `Retry-After` (RFC 9110, section 10.2.3), seconds or an HTTP date, in milliseconds from `now`; undefined if absent or invalid. */
 export function parseRetryAfter(value: string | null, now: number): number | undefined {
   if (value === null) return undefined;
   const text = value.trim();

@@ -40,7 +40,7 @@ export interface IdempotentFetchOptions {
    */
   methods?: readonly string[];
   /**
-   * Methods retried without a key because HTTP defines them as idempotent (RFC 9110 §9.2.2). A request whose
+   * Methods retried without a key because HTTP defines them as idempotent (RFC 9110, section 9.2.2). A request whose
    * method is in neither list and that carries no key is sent once. Default: `['GET', 'HEAD', 'OPTIONS', 'DELETE']`.
    */
   idempotentMethods?: readonly string[];

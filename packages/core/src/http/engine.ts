@@ -714,7 +714,7 @@ function buildReplay(stored: StoredResponse, excluded: ReadonlySet<string>): Rep
     if (typeof value !== 'string') arrays = true;
     headers[name] = value;
   }
-  // 1xx, 204 and 304 responses carry no body and must not carry Content-Length (RFC 9110 §8.6).
+  // 1xx, 204 and 304 responses carry no body and must not carry Content-Length (RFC 9110, section 8.6).
   const bodiless = stored.status < 200 || stored.status === 204 || stored.status === 304;
   if (!bodiless) headers['content-length'] = String(stored.body.byteLength);
   headers['idempotent-replayed'] = 'true';

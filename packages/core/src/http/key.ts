@@ -29,7 +29,7 @@ export function parseKey(
 }
 
 /**
- * Drops the optional whitespace around a field value (SP and HTAB, RFC 9110 §5.6.3), and nothing else: `trim()`
+ * Drops the optional whitespace around a field value (SP and HTAB, RFC 9110, section 5.6.3), and nothing else: `trim()`
  * also drops NBSP, vertical tab and Unicode spaces, which would turn a refused key into an accepted one.
  */
 function trimOws(value: string): string {
@@ -44,7 +44,7 @@ function isOws(code: number): boolean {
   return code === 0x20 || code === 0x09;
 }
 
-/** RFC 8941 §4.2.5 sf-string parsing; `undefined` when the value is not exactly one well-formed string. */
+/** RFC 8941 sf-string (section 4.2.5) parsing; `undefined` when the value is not exactly one well-formed string. */
 function unquote(value: string): string | undefined {
   let out = '';
   for (let i = 1; i < value.length; i++) {
