@@ -152,49 +152,34 @@ describe('at most once per key', () => {
     for (const o of outcomes) expect(o.result).toEqual({ charged: 3, run: 1 });
   });
 
-  test('wait mode without store.waitFor polls, and replays once the first call finishes', async () => {
-    const pollingStore: IdempotencyStore = {
-      acquire: (k, o) => store.acquire(k, o),
-      complete: (k, t, r, ttl) => store.complete(k, t, r, ttl),
-      release: (k, t) => store.release(k, t),
-      renew: (k, t, l) => store.renew(k, t, l),
-    };
-    let runs = 0;
-    const run = idempotentOutcome(
-      async () => {
-        runs++;
-        await sleep(150);
-        return 'done';
-      },
-      { store: pollingStore, key: () => 'poll', inProgress: { wait: '3s' } },
-    );
-    const [a, b] = await Promise.all([run(), sleep(10).then(() => run())]);
-    expect(runs).toBe(1);
-    expect([a.outcome, b.outcome].sort()).toEqual(['executed', 'replayed']);
-    expect(b.result).toBe('done');
-  });
-
-  test('wait mode with a store.waitFor that rejects polls instead, and replays once the first call finishes', async () => {
-    const failingWake: IdempotencyStore = {
-      acquire: (k, o) => store.acquire(k, o),
-      complete: (k, t, r, ttl) => store.complete(k, t, r, ttl),
-      release: (k, t) => store.release(k, t),
-      renew: (k, t, l) => store.renew(k, t, l),
-      waitFor: () => Promise.reject(new Error('subscriber down')),
-    };
-    let runs = 0;
-    const run = idempotentOutcome(
-      async () => {
-        runs++;
-        await sleep(150);
-        return 'done';
-      },
-      { store: failingWake, key: () => 'wake-fails', inProgress: { wait: '3s' } },
-    );
-    const [a, b] = await Promise.all([run(), sleep(10).then(() => run())]);
-    expect(runs).toBe(1);
-    expect([a.outcome, b.outcome].sort()).toEqual(['executed', 'replayed']);
-  });
+  test.each([
+    ['without store.waitFor', 'poll', undefined],
+    ['with a store.waitFor that rejects', 'wake-fails', () => Promise.reject(new Error('subscriber down'))],
+  ] as const)(
+    'wait mode %s polls, and replays once the first call finishes',
+    async (_label, key, waitFor) => {
+      const pollingStore: IdempotencyStore = {
+        acquire: (k, o) => store.acquire(k, o),
+        complete: (k, t, r, ttl) => store.complete(k, t, r, ttl),
+        release: (k, t) => store.release(k, t),
+        renew: (k, t, l) => store.renew(k, t, l),
+        ...(waitFor === undefined ? {} : { waitFor }),
+      };
+      let runs = 0;
+      const run = idempotentOutcome(
+        async () => {
+          runs++;
+          await sleep(150);
+          return 'done';
+        },
+        { store: pollingStore, key: () => key, inProgress: { wait: '3s' } },
+      );
+      const [a, b] = await Promise.all([run(), sleep(10).then(() => run())]);
+      expect(runs).toBe(1);
+      expect([a.outcome, b.outcome].sort()).toEqual(['executed', 'replayed']);
+      expect(b.result).toBe('done');
+    },
+  );
 
   test('wait mode gives up after the wait with IdempotencyInProgressError', async () => {
     let release!: () => void;
