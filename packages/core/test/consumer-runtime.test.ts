@@ -1,11 +1,14 @@
 import {
+  type AcquireOptions,
   type ConsumerOptions,
   consumerRuntime,
+  type IdempotencyHooks,
   IdempotencyInProgressError,
   IdempotencyMismatchError,
   IdempotencyOptionsError,
   MemoryStore,
   PermanentError,
+  type StoredResponse,
   UnstorableResultError,
 } from '../src';
 
@@ -313,6 +316,108 @@ describe('consumerRuntime: the transactional path (runInTransaction) reports its
       { outcome: 'mismatch', key: 't' },
       { outcome: 'rejected', key: undefined },
     ]);
+  });
+});
+
+describe('consumerRuntime: the transactional path the runtime runs itself (workInTransaction)', () => {
+  /** A MemoryStore whose transactions are its own acquire, complete and release (as a PostgresStore's are). */
+  class TransactionalMemoryStore extends MemoryStore {
+    async acquireInTransaction(key: string, options: AcquireOptions) {
+      const result = await this.acquire(key, options);
+      if (result.status !== 'acquired') return result;
+      const { token } = result;
+      return {
+        ...result,
+        transaction: {
+          db: { key },
+          commit: (response: StoredResponse, ttlMs: number) => this.complete(key, token, response, ttlMs),
+          rollback: async () => void (await this.release(key, token)),
+        },
+      };
+    }
+  }
+
+  test('the key protocol and its hooks: commit, rollback, replay, conflict, mismatch, as the plain path reports them', async () => {
+    const store = new TransactionalMemoryStore();
+    const events: string[] = [];
+    const hooks: IdempotencyHooks = {
+      onDecision: (e) => void events.push(`decision:${e.outcome}`),
+      onComplete: (e) => void events.push(`complete:${e.key}`),
+      onRelease: (e) => void events.push(`release:${e.key}:${e.reason}`),
+      onExecutionStart: (e) => void events.push(`start:${e.key}`),
+      onExecutionEnd: (e) => void events.push(`end:${e.key}`),
+      onStoreOperation: (e) => void events.push(`op:${e.operation}:${e.result}`),
+    };
+    const writes: unknown[] = [];
+    let fail = true;
+    const runtime = consumerRuntime<Message>(
+      () => {},
+      { store, hooks },
+      {
+        ...broker,
+        storeResults: true,
+        workInTransaction: async (msg, key, db) => {
+          writes.push(db);
+          if (fail) {
+            fail = false;
+            throw new Error('the work failed: rolled back');
+          }
+          return { shipped: msg.body, key };
+        },
+      },
+    );
+    const failed = await runtime.decide({ id: 't', body: 'x' }, 0);
+    expect(failed.settlement).toMatchObject({ action: 'retry', reason: 'failed' });
+    const done = await runtime.decide({ id: 't', body: 'x' }, 1);
+    expect(done).toEqual({
+      key: 't',
+      settlement: { action: 'ack', reason: 'executed' },
+      result: { shipped: 'x', key: 't' },
+    });
+    const duplicate = await runtime.decide({ id: 't', body: 'x' }, 0);
+    expect(duplicate).toEqual({
+      key: 't',
+      settlement: { action: 'ack', reason: 'replayed' },
+      result: { shipped: 'x', key: 't' },
+    });
+    const mismatch = await runtime.decide({ id: 't', body: 'other' }, 0);
+    expect(mismatch.settlement).toMatchObject({ action: 'dead-letter', reason: 'mismatch' });
+    // The work got the transaction's client, twice (the failed run and the committed one).
+    expect(writes).toEqual([{ key: 't' }, { key: 't' }]);
+    expect(events).toEqual([
+      'op:acquire:ok',
+      'start:t',
+      'op:release:ok',
+      'release:t:error',
+      'end:t',
+      'op:acquire:ok',
+      'start:t',
+      'op:complete:ok',
+      'complete:t',
+      'end:t',
+      'decision:executed',
+      'op:acquire:ok',
+      'decision:replayed',
+      'op:acquire:ok',
+      'decision:mismatch',
+    ]);
+    // A duplicate of a transaction still open is delayed as in progress.
+    await store.acquire('held', { fingerprint: 'x', lockTimeoutMs: 30_000 });
+    expect((await runtime.decide({ id: 'held', body: 'x' }, 0)).settlement).toMatchObject({
+      action: 'delay',
+      reason: 'in-progress',
+    });
+    await store.close();
+  });
+
+  test('a store that does not run transactions is refused at construction, naming the option', () => {
+    expect(() =>
+      consumerRuntime<Message>(
+        () => {},
+        { store: new MemoryStore() },
+        { ...broker, workInTransaction: () => null },
+      ),
+    ).toThrow(IdempotencyOptionsError);
   });
 });
 

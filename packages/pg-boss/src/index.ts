@@ -8,8 +8,6 @@ import {
   durationOption,
   IdempotencyOptionsError,
   type IdempotencyStore,
-  parseDuration,
-  runStoreTransaction,
   type TransactionalIdempotencyStore,
 } from '@oncely/core';
 
@@ -221,6 +219,7 @@ export function idempotentWorker<J extends PgBossJob, Db>(
     return key;
   };
   let runInTransaction: ConsumerBroker<J>['runInTransaction'];
+  let workInTransaction: ConsumerBroker<J>['workInTransaction'];
   if (transactional === true) {
     const store = shared.store as Partial<TransactionalStore<Db>> | undefined;
     if (store === undefined || typeof store?.transaction !== 'function') {
@@ -238,32 +237,23 @@ export function idempotentWorker<J extends PgBossJob, Db>(
         "cannot be 'process' with transactional: true: a job without a key has no record to commit with its writes. Give every job a key, or leave onMissingKey out (such jobs are cancelled).",
       );
     }
-    const transactionalStore = store as TransactionalStore<Db> & Partial<TransactionalIdempotencyStore>;
-    // Read at the first job: the runtime below checks `ttl` first, with the error that names it.
-    let ttlMs: number | undefined;
-    const recordTtlMs = (): number => {
-      ttlMs ??= parseDuration(shared.ttl ?? '24h');
-      return ttlMs;
-    };
     // The result is stored as JSON: "nothing" is stored as null rather than refused.
-    const work = (job: J, key: string) => async (db: Db) => (await fn(job, { key, db })) ?? null;
-    runInTransaction = (job, key, fingerprint, observe) =>
-      typeof transactionalStore.acquireInTransaction === 'function'
-        ? // PostgresStore: the transaction on the store as the runtime observes it (timings, executions in flight).
-          runStoreTransaction(
-            observe.store(transactionalStore as TransactionalIdempotencyStore),
-            key,
-            { fingerprint, ttlMs: recordTtlMs() },
-            (db: Db) => observe.execute(key, () => work(job, key)(db)),
-          )
-        : transactionalStore.transaction(
-            key,
-            {
-              ...(shared.ttl === undefined ? {} : { ttl: shared.ttl }),
-              ...(fingerprint === undefined ? {} : { fingerprint }),
-            },
-            (db: Db) => observe.execute(key, () => work(job, key)(db)),
-          );
+    const work = async (job: J, key: string, db: Db) => (await fn(job, { key, db })) ?? null;
+    if (typeof (store as Partial<TransactionalIdempotencyStore>).acquireInTransaction === 'function') {
+      // PostgresStore: the runtime runs the transaction (its key protocol, hooks and timings).
+      workInTransaction = (job, key, db) => work(job, key, db as Db);
+    } else {
+      const transactionalStore = store as TransactionalStore<Db>;
+      runInTransaction = (job, key, fingerprint, observe) =>
+        transactionalStore.transaction(
+          key,
+          {
+            ...(shared.ttl === undefined ? {} : { ttl: shared.ttl }),
+            ...(fingerprint === undefined ? {} : { fingerprint }),
+          },
+          (db: Db) => observe.execute(key, () => work(job, key, db)),
+        );
+    }
   }
   const runtime = consumerRuntime<J>(
     // Plain mode: fn was given as (job, { key }) => ..., and gets no db.
@@ -281,6 +271,7 @@ export function idempotentWorker<J extends PgBossJob, Db>(
       fingerprint: dataHash,
       storeResults: true,
       ...(runInTransaction === undefined ? {} : { runInTransaction }),
+      ...(workInTransaction === undefined ? {} : { workInTransaction }),
     },
   );
   const { log } = runtime;

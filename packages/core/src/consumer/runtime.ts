@@ -1,10 +1,10 @@
-import { checkLogger } from '../shared/checks';
+import { checkLogger, durationOption } from '../shared/checks';
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
 import { type DecisionOutcome, HookRunner } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
 import { hooksOf, type ObservableOptions, observedStore } from '../shared/observe';
-import { checkKey, fingerprintOf } from '../shared/protocol';
+import { checkKey, fingerprintOf, KeyProtocol } from '../shared/protocol';
 import { tell, type WarningCode } from '../shared/warnings';
 import type { IdempotencyStore, TransactionalIdempotencyStore } from '../stores/store';
 import {
@@ -22,6 +22,7 @@ import {
   resolveConsumerRetryPolicy,
   settlementFor,
 } from './retry';
+import { transactOnce } from './transaction';
 
 // The consumers' counterpart of the HTTP engine: one place decides what happens to a delivery (run, replay, wait,
 // retry, dead-letter); a broker package reads keys from its message type and turns the settlement into its verbs.
@@ -83,8 +84,15 @@ export interface ConsumerBroker<M> {
    */
   storeResults?: boolean;
   /**
-   * Runs the keyed work in one transaction with its record, instead of `idempotent()` over `options.store` (a
-   * `PostgresStore`'s `transaction()`: the record commits with the work's own writes). Gets the checked key and the
+   * The keyed work of a message, run in one transaction with its record instead of under `idempotent()`:
+   * `options.store` must then run transactions (`acquireInTransaction`: a `PostgresStore`), and `db` is the
+   * transaction's client, so the work's writes and the record commit together. The runtime runs the key protocol
+   * (checks, acquire, replay, commit or rollback) and reports it to the hooks as it does the plain path's.
+   */
+  workInTransaction?: (msg: M, key: string, db: unknown) => unknown;
+  /**
+   * Runs the keyed work in one transaction with its record through a store's own `transaction()` method, for a
+   * store without `acquireInTransaction` (prefer `workInTransaction`). Gets the checked key and the
    * message's fingerprint (`undefined` with `fingerprint: false`); what it throws is settled by `settlementFor`
    * like any other error, so `IdempotencyInProgressError` delays the message. Default: none.
    */
@@ -252,10 +260,11 @@ export function consumerRuntime<M>(
     },
   );
   // The transactional path bypasses idempotentOutcome, so it checks the key and fingerprint the same way here.
-  const { runInTransaction } = broker;
+  const { runInTransaction, workInTransaction } = broker;
   const maxKeyLength = options.maxKeyLength ?? 255;
+  const transactional =
+    workInTransaction === undefined ? undefined : transactionalProtocol(options, runner, log, broker.name);
   const inTransaction = async (
-    transaction: NonNullable<ConsumerBroker<M>['runInTransaction']>,
     msg: M,
     key: string,
     workThrew: () => void,
@@ -268,6 +277,27 @@ export function consumerRuntime<M>(
       rejected();
       throw error;
     }
+    if (workInTransaction !== undefined && transactional !== undefined) {
+      // What the work throws is marked, so that an oncely error class thrown by the work (an inner idempotent()
+      // call's) is settled as a failure of the work, not as this key's own conflict (which would delay it).
+      return transactOnce(
+        transactional.protocol,
+        key,
+        messageFingerprint,
+        transactional.ttlMs,
+        async (db: unknown) => {
+          try {
+            const value = await workInTransaction(msg, key, db);
+            return storeResults ? value : null;
+          } catch (error) {
+            workThrew();
+            throw error;
+          }
+        },
+        log,
+      );
+    }
+    const transaction = runInTransaction as NonNullable<ConsumerBroker<M>['runInTransaction']>;
     try {
       // The work runs inside the broker's transaction, past decide()'s own wrapper: what it throws is marked here,
       // so that an oncely error class thrown by the work (an inner idempotent() call's) is settled as a failure
@@ -349,9 +379,9 @@ export function consumerRuntime<M>(
       }
       try {
         const { outcome, result } =
-          runInTransaction === undefined
+          runInTransaction === undefined && transactional === undefined
             ? await run(msg, key, work)
-            : await inTransaction(runInTransaction, msg, key, () => {
+            : await inTransaction(msg, key, () => {
                 workThrew = true;
               });
         return { key, settlement: { action: 'ack', reason: outcome }, ...(storeResults ? { result } : {}) };
@@ -398,6 +428,33 @@ function transactionOutcome(error: unknown): DecisionOutcome | undefined {
   if (error instanceof IdempotencyMismatchError) return 'mismatch';
   if (error instanceof IdempotencyStoreError) return 'store_error';
   return undefined;
+}
+
+/**
+ * The protocol of a runtime whose work runs in the store's transactions: its store as observed (timed for
+ * `onStoreOperation`), its hooks, and the record's `ttl`. Throws `IdempotencyOptionsError` for a store that cannot.
+ */
+function transactionalProtocol<M>(
+  options: ConsumerOptions<M>,
+  runner: HookRunner,
+  log: Logger,
+  name: string,
+): { protocol: KeyProtocol; ttlMs: number } {
+  const store = options.store as Partial<TransactionalIdempotencyStore> | undefined;
+  if (store === undefined || typeof store.acquireInTransaction !== 'function') {
+    throw new IdempotencyOptionsError(
+      'store',
+      `must be a store that runs transactions (a PostgresStore from @oncely/postgres) for ${name}'s transactional mode.`,
+    );
+  }
+  const observed = observedStore(store as TransactionalIdempotencyStore, 'consumer', runner.hooks, (event) =>
+    runner.run('onStoreOperation', event, log),
+  );
+  // The open transaction holds the key: the lease only bounds how long a duplicate is told to wait.
+  return {
+    protocol: new KeyProtocol(observed, runner, 30_000),
+    ttlMs: options.ttl === undefined ? 86_400_000 : durationOption('ttl', options.ttl),
+  };
 }
 
 function checkOnMissingKey(value: unknown): boolean {

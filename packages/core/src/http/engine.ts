@@ -564,11 +564,7 @@ export class Execution {
       this.#engine.protocol.completed(this.key, committed, response.status, this.#log);
       if (committed) return undefined;
     } catch (error) {
-      this.#engine.hooks.run('onStoreError', { key: this.key, operation: 'complete', error }, this.#log);
-      this.#log.error(
-        { err: error, key: this.key },
-        'oncely: the transaction did not commit; nothing the handler wrote was kept',
-      );
+      this.#engine.protocol.commitFailed(this.key, error, this.#log);
     }
     return problemResponse(
       {
@@ -663,11 +659,7 @@ export class Execution {
         await this.#transaction.rollback();
         protocol.released(this.key, true, reason, status, this.#log);
       } catch (error) {
-        protocol.hooks.run('onStoreError', { key: this.key, operation: 'release', error }, this.#log);
-        this.#log.error(
-          { err: error, key: this.key },
-          'oncely: rollback failed; the database ends the transaction when the connection closes',
-        );
+        protocol.rollbackFailed(this.key, error, this.#log);
       }
       return;
     }

@@ -22,6 +22,7 @@ interface ProtocolTexts {
   written(what: string): string;
   notStored(what: string): string;
   notReleased: string;
+  notCommitted: string;
 }
 
 const TEXTS: Record<AdapterKind, ProtocolTexts> = {
@@ -33,6 +34,7 @@ const TEXTS: Record<AdapterKind, ProtocolTexts> = {
     notStored: (what) =>
       `oncely: could not store ${what}; a retry after the lease ends will run the handler again`,
     notReleased: 'oncely: could not release the key; it frees itself when its lease ends',
+    notCommitted: 'oncely: the transaction did not commit; nothing the handler wrote was kept',
   },
   consumer: {
     fenced:
@@ -42,6 +44,7 @@ const TEXTS: Record<AdapterKind, ProtocolTexts> = {
     notStored: (what) =>
       `oncely: could not store ${what}; once the lease ends, a retry with this key runs the function again`,
     notReleased: 'oncely: could not release the key after a failure; it frees itself when its lease ends',
+    notCommitted: 'oncely: the transaction did not commit; nothing the work wrote was kept',
   },
 };
 
@@ -129,6 +132,21 @@ export class KeyProtocol {
       this.#followConfirmation(key, 'release', error, log)
         ? notConfirmed('the release')
         : this.#texts.notReleased,
+    );
+  }
+
+  /** A transaction's commit (its completion) failed: nothing the work wrote was kept. */
+  commitFailed(key: string, error: unknown, log: Logger): void {
+    this.hooks.run('onStoreError', { key, operation: 'complete', error }, log);
+    log.error({ err: error, key }, this.#texts.notCommitted);
+  }
+
+  /** A transaction's rollback (its release) failed: the database ends the transaction when the connection closes. */
+  rollbackFailed(key: string, error: unknown, log: Logger): void {
+    this.hooks.run('onStoreError', { key, operation: 'release', error }, log);
+    log.error(
+      { err: error, key },
+      'oncely: rollback failed; the database ends the transaction when the connection closes',
     );
   }
 
