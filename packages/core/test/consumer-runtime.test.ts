@@ -421,6 +421,121 @@ describe('consumerRuntime: the transactional path the runtime runs itself (workI
   });
 });
 
+describe('consumerRuntime.settleInWorker: for brokers that retry themselves and hold a message while it runs', () => {
+  const delivery = (over: Partial<WorkerDelivery> = {}): WorkerDelivery => ({
+    id: 'job-1',
+    failuresBefore: 0,
+    expiresAt: Date.now() + 60_000,
+    stopped: () => false,
+    retries: {},
+    ...over,
+  });
+  type WorkerDelivery = Parameters<ReturnType<typeof runtimeWith>['settleInWorker']>[1];
+
+  test('a held key is waited for in the worker (no attempt counted), then the replay is acked with the stored result', async () => {
+    const store = new MemoryStore();
+    const events: string[] = [];
+    const runtime = consumerRuntime<Message>(
+      () => ({ n: 1 }),
+      {
+        store,
+        inProgressDelay: 20,
+        onSettled: (e) => void events.push(`${e.action}:${e.reason}:${e.failures}`),
+      },
+      { ...broker, storeResults: true },
+    );
+    const held = await store.acquire('a', { fingerprint: 'x', lockTimeoutMs: 30_000 });
+    if (held.status !== 'acquired') throw new Error('expected acquired');
+    const acked: unknown[] = [];
+    const settled = runtime.settleInWorker({ id: 'a', body: 'x' }, delivery(), {
+      ack: async (result) => void acked.push(result),
+      deadLetter: async () => {},
+    });
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    await store.complete('a', held.token, { status: 200, headers: {}, body: Buffer.from('{"n":2}') }, 60_000);
+    expect(await settled).toBeUndefined();
+    expect(acked).toEqual([{ n: 2 }]);
+    expect(events.at(-1)).toBe('ack:replayed:0');
+    expect(events.slice(0, -1).every((e) => e === 'delay:in-progress:0')).toBe(true);
+    await store.close();
+  });
+
+  test('a held key past what the expiry allows, or once the worker stopped, is handed back to the broker', async () => {
+    const store = new MemoryStore();
+    await store.acquire('a', { fingerprint: 'x', lockTimeoutMs: 30_000 });
+    const runtime = consumerRuntime<Message>(() => {}, { store, inProgressDelay: 20 }, broker);
+    const verbs = { ack: async () => {}, deadLetter: async () => {} };
+    expect(
+      await runtime.settleInWorker({ id: 'a', body: 'x' }, delivery({ expiresAt: Date.now() + 10 }), verbs),
+    ).toEqual({ id: 'job-1', key: 'a', reason: 'in-progress' });
+    let stopped = false;
+    const settled = runtime.settleInWorker(
+      { id: 'a', body: 'x' },
+      delivery({ stopped: () => stopped }),
+      verbs,
+    );
+    stopped = true;
+    expect(await settled).toEqual({ id: 'job-1', key: 'a', reason: 'in-progress' });
+    await store.close();
+  });
+
+  test("a failure is handed back with the broker's delay (doubling with backoff, capped), the last attempt as dead-letter", async () => {
+    const events: { action: string; reason: string; failures: number; delayMs?: number }[] = [];
+    const error = new Error('boom');
+    const runtime = runtimeWith({
+      onSettled: ({ action, reason, failures, delayMs }) =>
+        void events.push({ action, reason, failures, ...(delayMs === undefined ? {} : { delayMs }) }),
+    });
+    const verbs = { ack: async () => {}, deadLetter: async () => {} };
+    const retries = { limit: 20, delayMs: 1000, backoff: true, maxDoublings: 3 };
+    for (const failuresBefore of [0, 1, 5, 20]) {
+      const handed = await consumerRuntime<Message>(
+        () => {
+          throw error;
+        },
+        // The broker counts attempts: the runtime's own limit is out of the way.
+        {
+          store: new MemoryStore(),
+          maxAttempts: Number.MAX_SAFE_INTEGER,
+          onSettled: (e) => runtime.report(e),
+        },
+        broker,
+      ).settleInWorker({ id: `f${failuresBefore}`, body: 'x' }, delivery({ failuresBefore, retries }), verbs);
+      expect(handed).toEqual({ id: 'job-1', key: `f${failuresBefore}`, reason: 'failed', error });
+    }
+    expect(events).toEqual([
+      { action: 'retry', reason: 'failed', failures: 1, delayMs: 1000 },
+      { action: 'retry', reason: 'failed', failures: 2, delayMs: 2000 },
+      { action: 'retry', reason: 'failed', failures: 6, delayMs: 8000 },
+      { action: 'dead-letter', reason: 'retries-exhausted', failures: 21 },
+    ]);
+  });
+
+  test('a verb that fails is tried again, so a done message is not failed; one that keeps failing is handed back', async () => {
+    const runtime = runtimeWith();
+    let calls = 0;
+    const blip = new Error('Connection terminated unexpectedly');
+    expect(
+      await runtime.settleInWorker({ id: 'v', body: 'x' }, delivery(), {
+        ack: async () => {
+          if (calls++ === 0) throw blip;
+        },
+        deadLetter: async () => {},
+      }),
+    ).toBeUndefined();
+    expect(calls).toBe(2);
+    const failing = await runtime.settleInWorker(
+      { id: 'w', body: 'x' },
+      delivery({ expiresAt: Date.now() + 50 }),
+      {
+        ack: () => Promise.reject(blip),
+        deadLetter: async () => {},
+      },
+    );
+    expect(failing).toEqual({ id: 'job-1', key: 'w', reason: 'settle-failed', error: blip });
+  });
+});
+
 describe('consumerRuntime: what the work throws is the work failing, whatever its class', () => {
   test("an inner call's in-progress or unstorable error fails the work (retry), never delays or acks it", async () => {
     const runtime = runtimeWith({ maxAttempts: 3 });

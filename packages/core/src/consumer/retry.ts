@@ -52,8 +52,20 @@ export type ConsumerSettlement =
 
 const CONSUMER_OPTIONS = ['maxAttempts', 'retryDelay', 'inProgressDelay', 'isPermanent'] as const;
 
-const defaultRetryDelayMs = (failures: number): number =>
-  Math.min(1000 * 2 ** Math.max(failures - 1, 0), 60_000);
+/**
+ * Exponential backoff: `baseMs` after the first failure, doubled after each further one, at most `maxDoublings`
+ * times and at most `maxMs`.
+ */
+export function backoffDelayMs(
+  baseMs: number,
+  failures: number,
+  maxDoublings = Number.POSITIVE_INFINITY,
+  maxMs = Number.POSITIVE_INFINITY,
+): number {
+  return Math.min(baseMs * 2 ** Math.min(Math.max(failures - 1, 0), maxDoublings), maxMs);
+}
+
+const defaultRetryDelayMs = (failures: number): number => backoffDelayMs(1000, failures, undefined, 60_000);
 
 /** Validates the retry options (throwing `IdempotencyOptionsError`) and applies their defaults. */
 export function resolveConsumerRetryPolicy(

@@ -1,4 +1,4 @@
-import { checkLogger, durationOption } from '../shared/checks';
+import { checkLogger, durationOption, inProgressOption } from '../shared/checks';
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
 import { type DecisionOutcome, HookRunner } from '../shared/hooks';
@@ -23,6 +23,7 @@ import {
   settlementFor,
 } from './retry';
 import { transactOnce } from './transaction';
+import { type HandedBack, settleInWorker, type WorkerDelivery, type WorkerVerbs } from './worker-settlement';
 
 // The consumers' counterpart of the HTTP engine: one place decides what happens to a delivery (run, replay, wait,
 // retry, dead-letter); a broker package reads keys from its message type and turns the settlement into its verbs.
@@ -147,6 +148,14 @@ export interface ConsumerRuntime<M> {
   ): ConsumerSettledEvent<M>;
   /** Calls `onSettled` with `event`; its exceptions are logged and dropped (the delivery is settled already). */
   report(event: ConsumerSettledEvent<M>): void;
+  /**
+   * For a broker that counts attempts and retries failed messages itself, and whose worker holds a message while
+   * it runs (pg-boss): decides the delivery, waits in the worker for a held key while the message's expiry allows,
+   * acks or dead-letters it through `verbs` (tried again briefly on failure) and reports it to `onSettled`.
+   * Resolves to `undefined` once settled, or to why the broker must fail it (reported as its retry, or as the
+   * last attempt failed when `delivery.retries.limit` says so). Never rejects.
+   */
+  settleInWorker(msg: M, delivery: WorkerDelivery, verbs: WorkerVerbs): Promise<HandedBack | undefined>;
 }
 
 const SHARED_CONSUMER_OPTIONS = [
@@ -261,6 +270,8 @@ export function consumerRuntime<M>(
   );
   // The transactional path bypasses idempotentOutcome, so it checks the key and fingerprint the same way here.
   const { runInTransaction, workInTransaction } = broker;
+  // With inProgress: { wait }, each look at a held key may itself wait this long in the store.
+  const storeWaitMs = inProgressOption(options.inProgress) ?? 0;
   const maxKeyLength = options.maxKeyLength ?? 255;
   const transactional =
     workInTransaction === undefined ? undefined : transactionalProtocol(options, runner, log, broker.name);
@@ -400,6 +411,9 @@ export function consumerRuntime<M>(
       if ('delayMs' in settlement) event.delayMs = settlement.delayMs;
       if ('error' in settlement && settlement.error !== undefined) event.error = settlement.error;
       return event;
+    },
+    settleInWorker(msg, delivery, verbs) {
+      return settleInWorker(this, storeWaitMs, msg, delivery, verbs);
     },
     report(event) {
       if (onSettled === undefined) return;
