@@ -7,6 +7,7 @@ import {
   type Duration,
   IdempotencyOptionsError,
   type IdempotencyStore,
+  type JsonStorable,
   type TransactionalIdempotencyStore,
 } from '@oncely/core';
 
@@ -58,6 +59,12 @@ export interface TransactionalJobContext<Db> {
   /** The transaction's client (a pg `PoolClient`): write through it, and your writes commit with the record. */
   db: Db;
 }
+
+/**
+ * What `fn` may return: nothing (the job completes with `{ value: null }`), or a value JSON can store and give back
+ * to a duplicate (see `JsonStorable` in `@oncely/core`): a BigInt, a Map or a Set does not compile.
+ */
+export type PgBossStorable<R> = R extends void ? R : JsonStorable<R>;
 
 /** What the wrapper did with one job, for metrics and logs. */
 export type PgBossSettledEvent<J extends PgBossJob = PgBossJob> = ConsumerSettledEvent<J>;
@@ -154,12 +161,15 @@ function stopCounter(boss: object): { count: number } {
  * await boss.work('ship', idempotentWorker(ship, { boss, store: new PostgresStore({ pool }), transactional: true }));
  * ```
  */
-export function idempotentWorker<J extends PgBossJob, Db>(
-  fn: (job: J, context: TransactionalJobContext<Db>) => unknown,
+export function idempotentWorker<J extends PgBossJob, Db, R = unknown>(
+  fn: (
+    job: J,
+    context: TransactionalJobContext<Db>,
+  ) => (R & PgBossStorable<R>) | Promise<R & PgBossStorable<R>>,
   options: PgBossTransactionalWorkerOptions<J, Db>,
 ): (jobs: J[]) => Promise<void>;
-export function idempotentWorker<J extends PgBossJob>(
-  fn: (job: J, context: JobContext) => unknown,
+export function idempotentWorker<J extends PgBossJob, R = unknown>(
+  fn: (job: J, context: JobContext) => (R & PgBossStorable<R>) | Promise<R & PgBossStorable<R>>,
   options: PgBossWorkerOptions<J>,
 ): (jobs: J[]) => Promise<void>;
 export function idempotentWorker<J extends PgBossJob, Db>(
