@@ -1,5 +1,5 @@
 import { IdempotencyOptionsError } from '../shared/errors';
-import { checkKey, fingerprintOf, Lease, unknownStatusError, verdictOf, Wait } from '../shared/protocol';
+import { checkKey, fingerprintOf, Lease, verdictOf, Wait } from '../shared/protocol';
 import type {
   AcquiredResult,
   AcquireResult,
@@ -7,13 +7,7 @@ import type {
   InProgressResult,
   StoredResponse,
 } from '../stores/store';
-import {
-  IdempotencyInProgressError,
-  IdempotencyKeyError,
-  IdempotencyMismatchError,
-  IdempotencyStoreError,
-  UnstorableResultError,
-} from './errors';
+import { IdempotencyKeyError, IdempotencyStoreError, UnstorableResultError } from './errors';
 import {
   type IdempotentOptions,
   type ResolvedIdempotentOptions,
@@ -146,8 +140,7 @@ async function runOnce<Args extends unknown[], R>(
     try {
       return await o.protocol.acquire(key, fingerprint);
     } catch (error) {
-      o.hooks.run('onStoreError', { key, operation: 'acquire', error }, o.log);
-      o.hooks.decided('store_error', key, wait?.start, o.log);
+      o.protocol.acquireFailed(key, error, wait?.start, o.log);
       throw new IdempotencyStoreError(key, 'acquire', { cause: error });
     }
   };
@@ -165,23 +158,20 @@ async function runOnce<Args extends unknown[], R>(
           result: replayResult(o.serializer, key, (result as CompletedResult).response),
           key,
         };
-      case 'mismatch':
-        o.hooks.decided('mismatch', key, wait?.start, o.log);
-        throw new IdempotencyMismatchError(key);
-      case 'in_progress': {
-        const { retryAfterMs } = result as InProgressResult;
+      case 'in_progress':
         if (wait === undefined && o.waitMs !== undefined) wait = new Wait(o.waitMs);
-        if (wait === undefined || !(await wait.next(o.store, key, retryAfterMs))) {
-          o.hooks.decided('conflict', key, wait?.start, o.log);
-          throw new IdempotencyInProgressError(key, retryAfterMs);
+        if (
+          wait !== undefined &&
+          (await wait.next(o.store, key, (result as InProgressResult).retryAfterMs))
+        ) {
+          result = await acquire();
+          break;
         }
-        result = await acquire();
-        break;
-      }
+        throw o.protocol.refusal('in_progress', key, result, wait?.start, o.log);
+      case 'mismatch':
+        throw o.protocol.refusal('mismatch', key, result, wait?.start, o.log);
       default:
-        // A store bug, not a decision: refuse rather than guess.
-        o.hooks.decided('store_error', key, wait?.start, o.log);
-        throw new IdempotencyStoreError(key, 'acquire', { cause: unknownStatusError(result) });
+        throw o.protocol.refusal('unknown', key, result, wait?.start, o.log);
     }
   }
 }
@@ -210,8 +200,7 @@ async function execute<Args extends unknown[], R>(
   token: string,
 ): Promise<IdempotentOutcome<R>> {
   const lease = new Lease(o.protocol, key, token, o.log);
-  if (o.hooks.hooks.onExecutionStart !== undefined)
-    o.hooks.run('onExecutionStart', { adapter: 'consumer', key }, o.log);
+  o.hooks.executionStarted(key, o.log);
   let value: R;
   try {
     value = await fn(...args);
@@ -226,7 +215,7 @@ async function execute<Args extends unknown[], R>(
         o.protocol.releaseFailed(key, releaseError, o.log);
       }
     }
-    executionEnded(o, key);
+    o.hooks.executionEnded(key, o.log);
     throw error;
   }
   lease.stop();
@@ -234,11 +223,11 @@ async function execute<Args extends unknown[], R>(
   if ('reason' in encoded) {
     // fn has run: record the key as executed (never release it, or a retry would run fn twice), then refuse.
     await finish(o, key, token, notStoredRecord(encoded.reason), 'an executed-but-not-stored marker');
-    executionEnded(o, key);
+    o.hooks.executionEnded(key, o.log);
     throw new UnstorableResultError(key, encoded.reason, false, { cause: encoded.cause });
   }
   await finish(o, key, token, resultRecord(o.serializer, encoded.bytes), 'the result');
-  executionEnded(o, key);
+  o.hooks.executionEnded(key, o.log);
   // With the default JSON, the caller that ran fn gets the JSON round trip of its value, as every duplicate does:
   // one type for both, and a result that only works before the round trip fails on the first call, not on a replay.
   // A custom serialiser's callers get fn's own value: its deserialize() is trusted to give back the same type.
@@ -262,11 +251,6 @@ async function finish<Args extends unknown[], R>(
   } catch (error) {
     o.protocol.completeFailed(key, error, what, o.log);
   }
-}
-
-function executionEnded<Args extends unknown[], R>(o: ResolvedIdempotentOptions<Args, R>, key: string): void {
-  if (o.hooks.hooks.onExecutionEnd !== undefined)
-    o.hooks.run('onExecutionEnd', { adapter: 'consumer', key }, o.log);
 }
 
 function isPermanentSafely<Args extends unknown[], R>(

@@ -238,11 +238,11 @@ export function consumerRuntime<M>(
     },
     async execute(key, work) {
       if (hooks?.onExecutionStart === undefined && hooks?.onExecutionEnd === undefined) return work();
-      runner.run('onExecutionStart', { adapter: 'consumer', key }, log);
+      runner.executionStarted(key, log);
       try {
         return await work();
       } finally {
-        runner.run('onExecutionEnd', { adapter: 'consumer', key }, log);
+        runner.executionEnded(key, log);
       }
     },
   };

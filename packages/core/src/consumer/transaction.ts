@@ -1,13 +1,12 @@
 import { HookRunner } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
-import { KeyProtocol, unknownStatusError, verdictOf } from '../shared/protocol';
+import { KeyProtocol, verdictOf } from '../shared/protocol';
 import type {
   CompletedResult,
-  InProgressResult,
   TransactionAcquiredResult,
   TransactionalIdempotencyStore,
 } from '../stores/store';
-import { IdempotencyInProgressError, IdempotencyMismatchError, IdempotencyStoreError } from './errors';
+import { IdempotencyStoreError } from './errors';
 import { replayResult } from './result-codec';
 
 export interface StoreTransactionOptions {
@@ -62,32 +61,21 @@ export async function transactOnce<T, Db>(
   } catch (error) {
     // Nothing ran: the same error as idempotent()'s, so that a consumer delays the message (a store outage is not
     // a failure of the work) and reports the decision as store_error.
-    hooks.run('onStoreError', { key, operation: 'acquire', error }, log);
-    hooks.decided('store_error', key, undefined, log);
+    protocol.acquireFailed(key, error, undefined, log);
     throw new IdempotencyStoreError(key, 'acquire', { cause: error });
   }
-  switch (verdictOf(acquired, fingerprint ?? '', fingerprint !== undefined)) {
-    case 'acquired':
-      break;
-    case 'completed':
-      hooks.decided('replayed', key, undefined, log);
-      return {
-        outcome: 'replayed',
-        result: replayResult<T>(undefined, key, (acquired as CompletedResult).response),
-      };
-    case 'in_progress':
-      hooks.decided('conflict', key, undefined, log);
-      throw new IdempotencyInProgressError(key, (acquired as InProgressResult).retryAfterMs);
-    case 'mismatch':
-      hooks.decided('mismatch', key, undefined, log);
-      throw new IdempotencyMismatchError(key);
-    default:
-      // A store bug, not a decision: refuse rather than guess.
-      hooks.decided('store_error', key, undefined, log);
-      throw new IdempotencyStoreError(key, 'acquire', { cause: unknownStatusError(acquired) });
+  const verdict = verdictOf(acquired, fingerprint ?? '', fingerprint !== undefined);
+  if (verdict === 'completed') {
+    hooks.decided('replayed', key, undefined, log);
+    return {
+      outcome: 'replayed',
+      result: replayResult<T>(undefined, key, (acquired as CompletedResult).response),
+    };
   }
+  // A duplicate of a transaction still open is not waited for here: the consumer delays it.
+  if (verdict !== 'acquired') throw protocol.refusal(verdict, key, acquired, undefined, log);
   const { transaction } = acquired as TransactionAcquiredResult;
-  hooks.run('onExecutionStart', { adapter: 'consumer', key }, log);
+  hooks.executionStarted(key, log);
   let result: T;
   let body: Buffer;
   try {
@@ -100,12 +88,7 @@ export async function transactOnce<T, Db>(
         );
       body = Buffer.from(json);
     } catch (error) {
-      try {
-        await transaction.rollback();
-        protocol.released(key, true, 'error', undefined, log);
-      } catch (rollbackError) {
-        protocol.rollbackFailed(key, rollbackError, log);
-      }
+      await protocol.rollBack(transaction, key, 'error', undefined, log);
       throw error;
     }
     let committed: boolean;
@@ -125,7 +108,7 @@ export async function transactOnce<T, Db>(
       );
     }
   } finally {
-    hooks.run('onExecutionEnd', { adapter: 'consumer', key }, log);
+    hooks.executionEnded(key, log);
   }
   hooks.decided('executed', key, undefined, log);
   return { outcome: 'executed', result };

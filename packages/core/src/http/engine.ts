@@ -417,8 +417,7 @@ export class Idempotency<Req = unknown> {
     clientKey: string,
     waitStart: number | undefined,
   ): HttpDecision {
-    this.#hooks.run('onStoreError', { key, operation: 'acquire', error }, log);
-    this.#hooks.decided('store_error', key, waitStart, log);
+    this.#protocol.acquireFailed(key, error, waitStart, log);
     if (this.options.failOpen) {
       this.#storeUnavailable(
         log,
@@ -490,8 +489,7 @@ export class Execution {
     this.protected = token !== undefined;
     this.maxBodyBytes = engine.options.maxBodyBytes;
     this.bufferLimit = transaction === undefined ? this.maxBodyBytes : Number.POSITIVE_INFINITY;
-    if (engine.options.hooks.onExecutionStart !== undefined)
-      protocol.hooks.run('onExecutionStart', { adapter: 'http', key }, log);
+    protocol.hooks.executionStarted(key, log);
     this.#lease =
       token !== undefined && transaction === undefined ? new Lease(protocol, key, token, log) : undefined;
   }
@@ -655,20 +653,14 @@ export class Execution {
     if (this.#settled) return true;
     this.#settled = true;
     this.#lease?.stop();
-    if (this.#engine.options.hooks.onExecutionEnd !== undefined)
-      this.#protocol.hooks.run('onExecutionEnd', { adapter: 'http', key: this.key }, this.#log);
+    this.#protocol.hooks.executionEnded(this.key, this.#log);
     return false;
   }
 
   async #release(reason: ReleaseEvent['reason'], status?: number): Promise<void> {
     const protocol = this.#protocol;
     if (this.#transaction !== undefined) {
-      try {
-        await this.#transaction.rollback();
-        protocol.released(this.key, true, reason, status, this.#log);
-      } catch (error) {
-        protocol.rollbackFailed(this.key, error, this.#log);
-      }
+      await protocol.rollBack(this.#transaction, this.key, reason, status, this.#log);
       return;
     }
     try {
