@@ -7,27 +7,25 @@ export {
   PermanentError,
   UnstorableResultError,
 } from './consumer/errors';
-export {
-  type IdempotentOptions,
-  type IdempotentOutcome,
-  idempotent,
-  idempotentOutcome,
-  type ResultSerializer,
-} from './consumer/idempotent';
+export { type IdempotentOutcome, idempotent, idempotentOutcome } from './consumer/idempotent';
+export type { IdempotentOptions } from './consumer/idempotent-options';
 export type { Jsonified, JsonStorable, JsonValue } from './consumer/json';
+export type { ResultSerializer } from './consumer/result-codec';
 export {
   CONSUMER_RETRY_OPTIONS,
+  type ConsumerRetryOptions,
+  type ConsumerRetryPolicy,
+  type ConsumerSettlement,
+  resolveConsumerRetryPolicy,
+  settlementFor,
+} from './consumer/retry';
+export {
   type ConsumerBroker,
   type ConsumerDecision,
   type ConsumerOptions,
-  type ConsumerRetryOptions,
-  type ConsumerRetryPolicy,
   type ConsumerRuntime,
   type ConsumerSettledEvent,
-  type ConsumerSettlement,
   consumerRuntime,
-  resolveConsumerRetryPolicy,
-  settlementFor,
   type TransactionObservation,
 } from './consumer/runtime';
 export { runStoreTransaction, type StoreTransactionOptions } from './consumer/transaction';

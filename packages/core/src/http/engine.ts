@@ -77,6 +77,9 @@ const KEY_PROBLEM_DETAIL: Record<KeyProblem, string> = {
  * The idempotency engine. It owns every policy decision — key parsing, scope, fingerprint, what to do with each
  * store answer, what to store, lease renewal, error answers — so adapters only translate requests and responses.
  */
+/** An engine's protocol, for its executions: module-private, so that it is no part of the engine's public type. */
+let protocolOf: (engine: Idempotency<never>) => KeyProtocol;
+
 export class Idempotency<Req = unknown> {
   readonly options: ResolvedOptions<Req>;
   // Shared with the engines made by with(), so a plugin and its routes warn once between them.
@@ -95,10 +98,14 @@ export class Idempotency<Req = unknown> {
    * wrapper timing each operation (shared/observe.ts).
    */
   readonly observedStore: IdempotencyStore;
-  /** @internal The guarded runner of this engine's hooks, shared with its executions. */
-  readonly hooks: HookRunner;
-  /** @internal What its executions do with each answer of the store (completion, release, renewal). */
-  readonly protocol: KeyProtocol;
+  /** The guarded runner of this engine's hooks. */
+  readonly #hooks: HookRunner;
+  /** What the engine and its executions do with each answer of the store; executions reach it by `protocolOf`. */
+  readonly #protocol: KeyProtocol;
+
+  static {
+    protocolOf = (engine) => engine.#protocol;
+  }
 
   constructor(
     options: IdempotencyOptions<Req> = {},
@@ -110,11 +117,11 @@ export class Idempotency<Req = unknown> {
     this.#warned = base === undefined ? new Set() : base.#warned;
     const log = this.options.logger ?? silentLogger;
     const hooks = new HookRunner(this.options.hooks, 'http', this.#warned);
-    this.hooks = hooks;
+    this.#hooks = hooks;
     this.observedStore = observedStore(this.options.store, 'http', this.options.hooks, (event) =>
       hooks.run('onStoreOperation', event, log),
     );
-    this.protocol = new KeyProtocol(this.observedStore, hooks, this.options.lockTimeoutMs);
+    this.#protocol = new KeyProtocol(this.observedStore, hooks, this.options.lockTimeoutMs);
   }
 
   /** An engine with `overrides` over this one's options (a route's options over its plugin's). */
@@ -171,7 +178,7 @@ export class Idempotency<Req = unknown> {
     if (raw === undefined) {
       if (!o.required) return PASS;
       log.debug({ header: o.header }, 'oncely: idempotency key missing');
-      this.hooks.decided('rejected', undefined, undefined, log);
+      this.#hooks.decided('rejected', undefined, undefined, log);
       return this.#problem(
         400,
         'keyMissing',
@@ -186,7 +193,7 @@ export class Idempotency<Req = unknown> {
         clientKey.problem === 'too-long'
           ? `The ${o.header} header is longer than ${o.maxKeyLength} characters.`
           : `The ${o.header} header ${KEY_PROBLEM_DETAIL[clientKey.problem]}.`;
-      this.hooks.decided('rejected', undefined, undefined, log);
+      this.#hooks.decided('rejected', undefined, undefined, log);
       return this.#problem(400, 'keyInvalid', 'Invalid idempotency key', detail);
     }
 
@@ -254,8 +261,8 @@ export class Idempotency<Req = unknown> {
       switch (verdictOf(result, fingerprint, o.fingerprint !== false)) {
         case 'acquired': {
           const acquired = result as AcquiredResult | TransactionAcquiredResult;
-          this.hooks.run('onMiss', { key }, log);
-          this.hooks.decided('executed', key, wait?.start, log);
+          this.#hooks.run('onMiss', { key }, log);
+          this.#hooks.decided('executed', key, wait?.start, log);
           return {
             action: 'execute',
             execution: new Execution(
@@ -269,8 +276,8 @@ export class Idempotency<Req = unknown> {
           };
         }
         case 'completed':
-          this.hooks.run('onHit', { key }, log);
-          this.hooks.decided('replayed', key, wait?.start, log);
+          this.#hooks.run('onHit', { key }, log);
+          this.#hooks.decided('replayed', key, wait?.start, log);
           return {
             action: 'respond',
             response: this.#replayOf((result as CompletedResult).response),
@@ -281,11 +288,11 @@ export class Idempotency<Req = unknown> {
         case 'in_progress': {
           const { retryAfterMs } = result as InProgressResult;
           if (wait === undefined) {
-            this.hooks.run('onConflict', { key, retryAfterMs }, log);
+            this.#hooks.run('onConflict', { key, retryAfterMs }, log);
             if (o.waitMs !== undefined) wait = new Wait(o.waitMs);
           }
-          if (wait === undefined || !(await wait.next(this.protocol.store, key, retryAfterMs))) {
-            this.hooks.decided('conflict', key, wait?.start, log);
+          if (wait === undefined || !(await wait.next(this.#protocol.store, key, retryAfterMs))) {
+            this.#hooks.decided('conflict', key, wait?.start, log);
             return this.#conflict();
           }
           try {
@@ -341,13 +348,13 @@ export class Idempotency<Req = unknown> {
     this.#unscopedWarning.given = true;
     const message = `oncely: a request with ${header === 'authorization' ? 'an Authorization' : 'a Cookie'} header is covered without a scope, so every caller shares one key space and a caller sending another's key gets that caller's stored response; set scope to the authenticated identity (scope: (req) => req.user.id, or scopeByHeader('authorization', { secret }) for API keys), or scope: false if one key space is intended. Said once. ${UNSCOPED_DOCS}`;
     tell(log, 'warn', 'ONCELY_UNSCOPED_CREDENTIALS', { header, docs: UNSCOPED_DOCS }, message, this.#warned);
-    this.hooks.run('onUnscopedCredentials', { header }, log);
+    this.#hooks.run('onUnscopedCredentials', { header }, log);
   }
 
   #acquire(key: string, fingerprint: string): Promise<AcquireResult | TransactionAcquiredResult> {
     return this.options.transactional
-      ? this.protocol.acquireInTransaction(key, fingerprint)
-      : this.protocol.acquire(key, fingerprint);
+      ? this.#protocol.acquireInTransaction(key, fingerprint)
+      : this.#protocol.acquire(key, fingerprint);
   }
 
   #problem(
@@ -365,8 +372,8 @@ export class Idempotency<Req = unknown> {
   }
 
   #mismatch(key: string, log: Logger, waitStart: number | undefined): HttpDecision {
-    this.hooks.run('onMismatch', { key }, log);
-    this.hooks.decided('mismatch', key, waitStart, log);
+    this.#hooks.run('onMismatch', { key }, log);
+    this.#hooks.decided('mismatch', key, waitStart, log);
     log.info({ key }, 'oncely: idempotency key reused with a different request');
     return this.#problem(
       422,
@@ -410,8 +417,7 @@ export class Idempotency<Req = unknown> {
     clientKey: string,
     waitStart: number | undefined,
   ): HttpDecision {
-    this.hooks.run('onStoreError', { key, operation: 'acquire', error }, log);
-    this.hooks.decided('store_error', key, waitStart, log);
+    this.#protocol.acquireFailed(key, error, waitStart, log);
     if (this.options.failOpen) {
       this.#storeUnavailable(
         log,
@@ -455,6 +461,7 @@ export class Execution {
    */
   readonly bufferLimit: number;
   readonly #engine: Idempotency<never>;
+  readonly #protocol: KeyProtocol;
   readonly #token: string | undefined;
   readonly #log: Logger;
   readonly #transaction: StoreTransaction | undefined;
@@ -472,6 +479,8 @@ export class Execution {
     transaction?: StoreTransaction,
   ) {
     this.#engine = engine;
+    const protocol = protocolOf(engine);
+    this.#protocol = protocol;
     this.key = key;
     this.clientKey = clientKey;
     this.#token = token;
@@ -480,12 +489,9 @@ export class Execution {
     this.protected = token !== undefined;
     this.maxBodyBytes = engine.options.maxBodyBytes;
     this.bufferLimit = transaction === undefined ? this.maxBodyBytes : Number.POSITIVE_INFINITY;
-    if (engine.options.hooks.onExecutionStart !== undefined)
-      engine.hooks.run('onExecutionStart', { adapter: 'http', key }, log);
+    protocol.hooks.executionStarted(key, log);
     this.#lease =
-      token !== undefined && transaction === undefined
-        ? new Lease(engine.protocol, key, token, log)
-        : undefined;
+      token !== undefined && transaction === undefined ? new Lease(protocol, key, token, log) : undefined;
   }
 
   /** The transaction's database client in transactional mode (`req.idempotency.db`); otherwise `undefined`. */
@@ -541,7 +547,7 @@ export class Execution {
       body = EMPTY;
     }
     if (this.#transaction !== undefined) return this.#commit({ status: captured.status, headers, body });
-    const protocol = this.#engine.protocol;
+    const protocol = this.#protocol;
     try {
       const stored = await protocol.store.complete(
         this.key,
@@ -561,14 +567,10 @@ export class Execution {
     const transaction = this.#transaction as StoreTransaction;
     try {
       const committed = await transaction.commit(response, this.#engine.options.ttlMs);
-      this.#engine.protocol.completed(this.key, committed, response.status, this.#log);
+      this.#protocol.completed(this.key, committed, response.status, this.#log);
       if (committed) return undefined;
     } catch (error) {
-      this.#engine.hooks.run('onStoreError', { key: this.key, operation: 'complete', error }, this.#log);
-      this.#log.error(
-        { err: error, key: this.key },
-        'oncely: the transaction did not commit; nothing the handler wrote was kept',
-      );
+      this.#protocol.commitFailed(this.key, error, this.#log);
     }
     return problemResponse(
       {
@@ -651,24 +653,14 @@ export class Execution {
     if (this.#settled) return true;
     this.#settled = true;
     this.#lease?.stop();
-    if (this.#engine.options.hooks.onExecutionEnd !== undefined)
-      this.#engine.hooks.run('onExecutionEnd', { adapter: 'http', key: this.key }, this.#log);
+    this.#protocol.hooks.executionEnded(this.key, this.#log);
     return false;
   }
 
   async #release(reason: ReleaseEvent['reason'], status?: number): Promise<void> {
-    const protocol = this.#engine.protocol;
+    const protocol = this.#protocol;
     if (this.#transaction !== undefined) {
-      try {
-        await this.#transaction.rollback();
-        protocol.released(this.key, true, reason, status, this.#log);
-      } catch (error) {
-        protocol.hooks.run('onStoreError', { key: this.key, operation: 'release', error }, this.#log);
-        this.#log.error(
-          { err: error, key: this.key },
-          'oncely: rollback failed; the database ends the transaction when the connection closes',
-        );
-      }
+      await protocol.rollBack(this.#transaction, this.key, reason, status, this.#log);
       return;
     }
     try {
