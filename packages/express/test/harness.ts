@@ -112,13 +112,15 @@ export function expressHarness(name: string, express: ExpressFactory): AdapterHa
           res.json({ error: err.message });
         },
       );
-      app.post('/pipe', (req, res) => {
+      app.post('/pipe', (req, res, next) => {
         count('pipe');
-        const { chunks, every } = pipeParams(req.query as Record<string, unknown>);
+        const { chunks, every, fail } = pipeParams(req.query as Record<string, unknown>);
         res.setHeader('content-type', 'application/octet-stream');
-        pipeSource(chunks, every).pipe(res);
+        pipeSource(chunks, every, fail).once('error', next).pipe(res);
       });
-      app.use((err: Error & { status?: number }, _req: Request, res: Response, _next: NextFunction) => {
+      app.use((err: Error & { status?: number }, _req: Request, res: Response, next: NextFunction) => {
+        // Part of the answer was sent: Express's own handler then closes the connection.
+        if (res.headersSent) return next(err);
         res.status(err.status ?? 500).json({ error: err.message });
       });
       return serveTestApp(createServer(app), counted);

@@ -318,8 +318,9 @@ async function readUpTo(
 
 /**
  * A body too big to keep: what was read, then the rest, streamed through; the request is kept as executed (a
- * retry gets a 410, never a second run) when the stream ends, fails, is destroyed (the client left, or Koa dropped
- * it), or the response closes without it (a middleware outside oncely replaced the body).
+ * retry gets a 410, never a second run) when the stream ends, is destroyed (the client left, or Koa dropped it),
+ * or the response closes without it (a middleware outside oncely replaced the body). A stream that fails is a
+ * failed handler: the key is released.
  */
 function continuation(
   ctx: Context,
@@ -330,8 +331,8 @@ function continuation(
 ): Readable {
   const status = ctx.status;
   let settled = false;
-  // At the stream's end, or (early) when it fails, is destroyed, or the response closes without it: the engine
-  // records either as executed without a body.
+  // At the stream's end, or (early) when it is destroyed or the response closes without it: the engine records
+  // either as executed without a body.
   const executed = (early = true): void => {
     if (settled) return;
     settled = true;
@@ -347,7 +348,10 @@ function continuation(
         return;
       }
       const failed = (error: unknown): void => {
-        executed();
+        if (!settled) {
+          settled = true;
+          void execution.fail(error);
+        }
         this.destroy(error instanceof Error ? error : new Error(String(error)));
       };
       rest.next().then(({ done, value }) => {

@@ -125,9 +125,9 @@ export function koaHarness(name: string): AdapterHarness {
       );
       router.post('/pipe', (ctx) => {
         count('pipe');
-        const { chunks, every } = pipeParams(ctx.query);
+        const { chunks, every, fail } = pipeParams(ctx.query);
         ctx.type = 'application/octet-stream';
-        ctx.body = pipeSource(chunks, every);
+        ctx.body = pipeSource(chunks, every, fail);
       });
       app.use(router.routes());
       return serveTestApp(createServer(app.callback()), counted);

@@ -196,10 +196,11 @@ export class SuiteController {
   pipe(
     @Query('chunks') chunks: string | undefined,
     @Query('every') every: string | undefined,
+    @Query('fail') fail: string | undefined,
   ): StreamableFile {
     this.counts.hit('pipe');
-    const params = pipeParams({ chunks, every });
-    return new StreamableFile(pipeSource(params.chunks, params.every));
+    const params = pipeParams({ chunks, every, fail });
+    return new StreamableFile(pipeSource(params.chunks, params.every, params.fail));
   }
 }
 

@@ -88,8 +88,8 @@ export function webHarness(name: string): AdapterHarness {
         }
         if (path === '/pipe') {
           count('pipe');
-          const { chunks, every } = pipeParams(url.searchParams);
-          return new Response(pipeWebSource(chunks, every), {
+          const { chunks, every, fail } = pipeParams(url.searchParams);
+          return new Response(pipeWebSource(chunks, every, fail), {
             headers: { 'content-type': 'application/octet-stream' },
           });
         }
