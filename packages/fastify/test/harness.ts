@@ -3,6 +3,7 @@ import {
   type AdapterHarness,
   pipeParams,
   pipeSource,
+  reusedBuffer,
   routeCounts,
   type TestApp,
   type TestAppOptions,
@@ -123,6 +124,11 @@ export const fastifyHarness: AdapterHarness & {
       const { chunks, every, fail } = pipeParams(request.query as Record<string, unknown>);
       reply.type('application/octet-stream');
       return reply.send(pipeSource(chunks, every, fail));
+    });
+    app.post('/reused', async (_request, reply) => {
+      count('reused');
+      reply.type('application/octet-stream');
+      return reply.send(reusedBuffer());
     });
     await app.listen({ port: 0, host: '127.0.0.1' });
     const address = app.server.address();

@@ -6,6 +6,7 @@ import {
   expectedWebStream,
   pipeParams,
   pipeWebSource,
+  reusedBuffer,
   routeCounts,
   serveTestApp,
   type TestApp,
@@ -96,6 +97,10 @@ export function honoHarness(name: string): AdapterHarness {
         return c.body(pipeWebSource(chunks, every, fail), 200, {
           'content-type': 'application/octet-stream',
         });
+      });
+      app.post('/reused', (c) => {
+        count('reused');
+        return c.body(reusedBuffer(), 200, { 'content-type': 'application/octet-stream' });
       });
       app.onError((error, c) => {
         // /bad-status: a hand-written error handler that answers a status no HTTP response can have.

@@ -226,8 +226,12 @@ async function capture(ctx: Context, execution: Execution): Promise<void> {
   } else if (typeof body === 'string') {
     bytes = Buffer.from(body);
     ctx.body = bytes;
-  } else if (Buffer.isBuffer(body)) bytes = body;
-  else {
+  } else if (Buffer.isBuffer(body)) {
+    // The handler's own buffer, which it may refill once it has handed it over (a pool): what is stored and
+    // sent is a copy of it as it was handed over, since the store is asked before anything is sent.
+    bytes = Buffer.from(body);
+    ctx.body = bytes;
+  } else {
     const source = streamOf(body);
     if (source === undefined) {
       // An object: Koa would send JSON.stringify(body). Sent as those bytes now, so the stored bytes are the sent ones.

@@ -8,6 +8,7 @@ import {
   expectedStream,
   pipeParams,
   pipeSource,
+  reusedBuffer,
   routeCounts,
   serveTestApp,
   sleep,
@@ -128,6 +129,11 @@ export function koaHarness(name: string): AdapterHarness {
         const { chunks, every, fail } = pipeParams(ctx.query);
         ctx.type = 'application/octet-stream';
         ctx.body = pipeSource(chunks, every, fail);
+      });
+      router.post('/reused', (ctx) => {
+        count('reused');
+        ctx.type = 'application/octet-stream';
+        ctx.body = reusedBuffer();
       });
       app.use(router.routes());
       return serveTestApp(createServer(app.callback()), counted);

@@ -5,6 +5,7 @@ import { inspect } from 'node:util';
 import { type IdempotencyStore, MemoryStore } from '@oncely/core';
 import request from 'supertest';
 import { sleep } from './consumers';
+import { binaryParser } from './harness-helpers';
 import { type AdapterHarness, recordingLogger, type TestApp, type TestAppOptions } from './suite-types';
 
 /**
@@ -19,8 +20,11 @@ import { type AdapterHarness, recordingLogger, type TestApp, type TestAppOptions
  *   `readable.pipe(res)`, a source error handed to `next`; Fastify: a stream payload; Koa: `ctx.body = stream`;
  *   fetch handlers: a `ReadableStream` body; NestJS: `StreamableFile`). With `fail`, the stream errors after F
  *   chunks instead of going on (a cursor that dies mid-export). Made with `pipeSource()` or `pipeWebSource()`.
+ * - `POST /reused`: counts "reused", sends the Buffer of `reusedBuffer()` (REUSED_BYTES bytes of `a`) as
+ *   application/octet-stream, the framework's usual way for bytes, and then refills that buffer with `b` (as a
+ *   pool reuses its buffer for the next request).
  */
-export const FAILURE_ROUTES = ['/bad-status', '/pipe'] as const;
+export const FAILURE_ROUTES = ['/bad-status', '/pipe', '/reused'] as const;
 
 /** The query of `/pipe` as numbers; `fail` is `undefined` for a stream that does not fail. */
 export function pipeParams(query: URLSearchParams | Record<string, unknown>): {
@@ -67,6 +71,19 @@ export function pipeWebSource(chunks: number, every: number, fail?: number): Rea
       controller.enqueue(chunk);
     },
   });
+}
+
+/** Size of the body of `/reused`. */
+export const REUSED_BYTES = 2000;
+
+/**
+ * The body of `/reused`: REUSED_BYTES bytes of `a`, refilled with `b` 20 ms after it is made, as a handler that
+ * reuses its buffer (a pool) refills it for its next request once it has handed the response over.
+ */
+export function reusedBuffer(): Buffer<ArrayBuffer> {
+  const body = Buffer.alloc(REUSED_BYTES, 'a');
+  setTimeout(() => body.fill('b'), 20);
+  return body;
 }
 
 /** The real process's emitter: a jest test's `process` is a copy whose listeners never hear Node's events. */
@@ -329,6 +346,50 @@ export function handlerFailuresSuite(harness: AdapterHarness): void {
         expect(retry === 'gone' || retry >= 500).toBe(true);
         expect(app.count('pipe')).toBe(2);
         await expectServingOn(app);
+      },
+    );
+
+    const reusedGap = harness.knownGaps?.['reused-buffer'];
+    (reusedGap === undefined ? test : test.skip)(
+      `a handler that reuses its buffer once it handed it over changes neither the answer nor its replay${reusedGap === undefined ? '' : ` (skipped: ${reusedGap})`}`,
+      async () => {
+        // The store takes its time, so the buffer is refilled before the store copies it: only the adapter's own
+        // copy keeps the bytes the handler sent.
+        const inner = harness.store?.() ?? new MemoryStore();
+        const store: IdempotencyStore = {
+          acquire: (...args) => inner.acquire(...args),
+          complete: async (...args) => {
+            await sleep(150);
+            return inner.complete(...args);
+          },
+          release: (...args) => inner.release(...args),
+          renew: (...args) => inner.renew(...args),
+        };
+        const app = await make({ store });
+        const key = newKey();
+        // The bytes as sent: REUSED_BYTES of them, none refilled.
+        const asSent = (body: Buffer) => ({
+          bytes: body.byteLength,
+          refilled: body.filter((b) => b !== 0x61).length,
+        });
+        const sent = { bytes: REUSED_BYTES, refilled: 0 };
+        const first = await request(app.url)
+          .post('/reused')
+          .set('Idempotency-Key', key)
+          .send({})
+          .buffer(true)
+          .parse(binaryParser);
+        expect(first.status).toBe(200);
+        expect(asSent(first.body as Buffer)).toEqual(sent);
+        const replay = await request(app.url)
+          .post('/reused')
+          .set('Idempotency-Key', key)
+          .send({})
+          .buffer(true)
+          .parse(binaryParser);
+        expect(replay.headers['idempotent-replayed']).toBe('true');
+        expect(asSent(replay.body as Buffer)).toEqual(sent);
+        expect(app.count('reused')).toBe(1);
       },
     );
   });

@@ -6,6 +6,7 @@ import {
   expectedWebStream,
   pipeParams,
   pipeWebSource,
+  reusedBuffer,
   routeCounts,
   serveTestApp,
   type TestApp,
@@ -92,6 +93,10 @@ export function webHarness(name: string): AdapterHarness {
           return new Response(pipeWebSource(chunks, every, fail), {
             headers: { 'content-type': 'application/octet-stream' },
           });
+        }
+        if (path === '/reused') {
+          count('reused');
+          return new Response(reusedBuffer(), { headers: { 'content-type': 'application/octet-stream' } });
         }
         return new Response('not found', { status: 404 });
       };
