@@ -358,7 +358,12 @@ function readNow(payload: unknown): Collected | undefined {
     const body = Buffer.from(payload);
     return { kind: 'body', body, payload: body };
   }
-  if (payload instanceof Uint8Array) return { kind: 'body', body: payload, payload };
+  if (payload instanceof Uint8Array) {
+    // The handler's own buffer, which it may refill once it has handed it over (a pool): what is stored and
+    // sent is a copy of it as it was handed over, since the store is asked before anything is sent.
+    const body = Buffer.from(payload);
+    return { kind: 'body', body, payload: body };
+  }
   return undefined;
 }
 

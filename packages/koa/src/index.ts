@@ -226,8 +226,12 @@ async function capture(ctx: Context, execution: Execution): Promise<void> {
   } else if (typeof body === 'string') {
     bytes = Buffer.from(body);
     ctx.body = bytes;
-  } else if (Buffer.isBuffer(body)) bytes = body;
-  else {
+  } else if (Buffer.isBuffer(body)) {
+    // The handler's own buffer, which it may refill once it has handed it over (a pool): what is stored and
+    // sent is a copy of it as it was handed over, since the store is asked before anything is sent.
+    bytes = Buffer.from(body);
+    ctx.body = bytes;
+  } else {
     const source = streamOf(body);
     if (source === undefined) {
       // An object: Koa would send JSON.stringify(body). Sent as those bytes now, so the stored bytes are the sent ones.
@@ -318,8 +322,9 @@ async function readUpTo(
 
 /**
  * A body too big to keep: what was read, then the rest, streamed through; the request is kept as executed (a
- * retry gets a 410, never a second run) when the stream ends, fails, is destroyed (the client left, or Koa dropped
- * it), or the response closes without it (a middleware outside oncely replaced the body).
+ * retry gets a 410, never a second run) when the stream ends, is destroyed (the client left, or Koa dropped it),
+ * or the response closes without it (a middleware outside oncely replaced the body). A stream that fails is a
+ * failed handler: the key is released.
  */
 function continuation(
   ctx: Context,
@@ -330,8 +335,8 @@ function continuation(
 ): Readable {
   const status = ctx.status;
   let settled = false;
-  // At the stream's end, or (early) when it fails, is destroyed, or the response closes without it: the engine
-  // records either as executed without a body.
+  // At the stream's end, or (early) when it is destroyed or the response closes without it: the engine records
+  // either as executed without a body.
   const executed = (early = true): void => {
     if (settled) return;
     settled = true;
@@ -347,7 +352,10 @@ function continuation(
         return;
       }
       const failed = (error: unknown): void => {
-        executed();
+        if (!settled) {
+          settled = true;
+          void execution.fail(error);
+        }
         this.destroy(error instanceof Error ? error : new Error(String(error)));
       };
       rest.next().then(({ done, value }) => {
