@@ -662,6 +662,26 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
     },
   );
 
+  test('res.flushHeaders() sends the head at once: streamed as it comes, recorded as executed', async () => {
+    const app = expressModule();
+    app.use(idempotency({ lockTimeout: 60_000 }));
+    let runs = 0;
+    app.post('/flushed', (_req, res) => {
+      runs++;
+      res.status(202).type('text/plain');
+      res.flushHeaders();
+      res.write('a');
+      res.end('b');
+    });
+    const first = await request(app).post('/flushed').set('Idempotency-Key', 'f1');
+    expect(first.status).toBe(202);
+    expect(first.text).toBe('ab');
+    await sleep(20);
+    const retry = await request(app).post('/flushed').set('Idempotency-Key', 'f1');
+    expect(retry.status).toBe(410);
+    expect(runs).toBe(1);
+  });
+
   test('a client gone (socket destroyed) and answered while the store was asked: the handler does not run', async () => {
     const { memory, slow, release } = gatedStore();
     const app = expressModule();
