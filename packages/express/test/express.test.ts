@@ -563,6 +563,15 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
       expect(ServerResponse.prototype[name]).toBe(pristine[name]);
     expect(Object.getOwnPropertyNames(IncomingMessage.prototype)).not.toContain('idempotencyKey');
     expect(Object.getOwnPropertySymbols(ServerResponse.prototype)).toEqual([]);
+    // Nor the router's: its Layer's request method is the one the router defines.
+    const router =
+      (app as unknown as { _router?: { stack: object[] }; router?: { stack: object[] } })._router ??
+      (app as unknown as { router: { stack: object[] } }).router;
+    const layer = Object.getPrototypeOf(router.stack[0]) as Record<string, unknown>;
+    const method = 'handleRequest' in layer ? 'handleRequest' : 'handle_request';
+    expect(Object.getOwnPropertySymbols(layer)).toEqual([]);
+    expect(String(layer[method])).not.toMatch(/oncely|state/);
+    expect(Object.keys(layer).filter((name) => /oncely/i.test(name))).toEqual([]);
   });
 
   test('a middleware before oncely that wrapped res.end on the response: oncely wraps it in turn and stores the bytes', async () => {
