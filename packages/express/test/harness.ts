@@ -131,6 +131,9 @@ export function expressHarness(name: string, express: ExpressFactory): AdapterHa
         count('reused');
         res.type('application/octet-stream').send(reusedBuffer());
       });
+      // Errors the app's error handler answers with a 4xx (/throw?status=400) release the key only when oncely sees
+      // them, as docs/frameworks/express.md tells users.
+      app.use(idempotency.errors());
       app.use((err: Error & { status?: number }, _req: Request, res: Response, next: NextFunction) => {
         // Part of the answer was sent: Express's own handler then closes the connection.
         if (res.headersSent) return next(err);

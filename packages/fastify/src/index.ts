@@ -10,6 +10,7 @@ import {
   registrationOf,
   type StoredResponse,
 } from '@oncely/core';
+import { readUpTo, toChunk } from '@oncely/core/node';
 import type {
   FastifyInstance,
   FastifyReply,
@@ -307,7 +308,7 @@ async function* continuation(
         throw error;
       }
       if (next.done) break;
-      yield toBuffer(next.value);
+      yield toChunk(next.value);
     }
     ended = true;
     await take(state)?.complete(captured);
@@ -383,20 +384,10 @@ async function collect(reply: FastifyReply, payload: unknown, limit: number): Pr
   if (now !== undefined) return now;
   const source = toNodeReadable(payload);
   if (source === undefined) return { kind: 'unknown' };
-  const rest = source[Symbol.asyncIterator]();
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for (;;) {
-    const { value, done } = await rest.next();
-    if (done) {
-      const body = Buffer.concat(chunks, size);
-      return { kind: 'body', body, payload: body };
-    }
-    const chunk = toBuffer(value);
-    chunks.push(chunk);
-    size += chunk.byteLength;
-    if (size > limit) return { kind: 'stream', head: chunks, rest, stop: () => source.destroy() };
-  }
+  const { chunks, size, rest } = await readUpTo(source[Symbol.asyncIterator](), limit);
+  if (rest !== undefined) return { kind: 'stream', head: chunks, rest, stop: () => source.destroy() };
+  const body = Buffer.concat(chunks, size);
+  return { kind: 'body', body, payload: body };
 }
 
 /** A Node Readable to read the payload through, or undefined when it is no stream. */
@@ -428,13 +419,6 @@ function isWebResponse(payload: unknown): payload is Response {
     ((typeof Response === 'function' && payload instanceof Response) ||
       Object.prototype.toString.call(payload) === '[object Response]')
   );
-}
-
-function toBuffer(value: unknown): Buffer {
-  if (typeof value === 'string') return Buffer.from(value);
-  if (Buffer.isBuffer(value)) return value;
-  const bytes = value as Uint8Array;
-  return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
 }
 
 function describe(payload: unknown): string {

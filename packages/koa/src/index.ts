@@ -10,6 +10,7 @@ import {
   registrationOf,
   type StoredResponse,
 } from '@oncely/core';
+import { type ReadUpTo, readUpTo, toChunk } from '@oncely/core/node';
 import type { Context, Middleware, Next } from 'koa';
 
 /** Options of the Koa middleware: the shared options (docs/options.md); `scope` and `fingerprint` get Koa's `Context`. */
@@ -238,7 +239,7 @@ async function capture(ctx: Context, execution: Execution): Promise<void> {
       bytes = Buffer.from(JSON.stringify(body));
       ctx.body = bytes;
     } else {
-      let read: { chunks: Buffer[]; rest: Chunks | undefined };
+      let read: ReadUpTo;
       try {
         read = await readUpTo(source, execution.bufferLimit);
       } catch (error) {
@@ -289,35 +290,6 @@ function streamOf(body: unknown): Chunks | undefined {
     return (body as AsyncIterable<unknown>)[Symbol.asyncIterator]();
   }
   return undefined;
-}
-
-function toChunk(value: unknown): Buffer {
-  if (Buffer.isBuffer(value)) return value;
-  if (typeof value === 'string') return Buffer.from(value);
-  if (value instanceof Uint8Array) return Buffer.from(value.buffer, value.byteOffset, value.byteLength);
-  throw new TypeError(
-    `oncely: a response stream gave a ${typeof value} chunk; Koa sends only bytes and strings`,
-  );
-}
-
-/**
- * Reads a stream body until its end, or until more than `limit` bytes are held: then `rest` is the unread
- * remainder. The iterator is driven by hand (not `for await`), since leaving a `for await` early destroys the stream.
- */
-async function readUpTo(
-  source: Chunks,
-  limit: number,
-): Promise<{ chunks: Buffer[]; rest: Chunks | undefined }> {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for (;;) {
-    const { done, value } = await source.next();
-    if (done) return { chunks, rest: undefined };
-    const chunk = toChunk(value);
-    chunks.push(chunk);
-    size += chunk.byteLength;
-    if (size > limit) return { chunks, rest: source };
-  }
 }
 
 /**
