@@ -390,43 +390,48 @@ export function storeSuite(runner: TestRunner, options: StoreSuiteOptions): void
       }
     });
 
-    test('waitFor, when the store has it, wakes a waiter when the record completes', async () => {
-      if (!store.waitFor) return;
+    /**
+     * Holds a new key, waits on it, checks the waiter sleeps while the lease is live, then ends the lease with
+     * `end` and checks the waiter wakes. Resolves to the key.
+     */
+    const wakesWhen = async (
+      what: string,
+      end: (k: string, token: string) => Promise<unknown>,
+      waitFor: NonNullable<IdempotencyStore['waitFor']>,
+    ): Promise<string> => {
       const k = key();
       const first = await store.acquire(k, lock);
       if (first.status !== 'acquired') throw new Error('expected acquired');
       let woke = false;
-      const waiting = store.waitFor(k, 20_000).then(() => {
+      const waiting = waitFor(k, 20_000).then(() => {
         woke = true;
       });
       await sleep(shortMs);
-      assert.equal(woke, false, 'waitFor resolved while the lease was live and nothing completed');
-      await store.complete(k, first.token, response(), 60_000);
+      assert.equal(woke, false, `waitFor resolved while the lease was live, before ${what}`);
+      await end(k, first.token);
       const started = Date.now();
       await waiting;
       // Generous bound: a waiter that only woke at its 20s timeout would fail this.
-      assert.ok(Date.now() - started < 10_000, 'waitFor did not wake on completion');
+      assert.ok(Date.now() - started < 10_000, `waitFor did not wake on ${what}`);
       assert.equal(woke, true);
+      return k;
+    };
+
+    test('waitFor, when the store has it, wakes a waiter when the record completes', async () => {
+      if (!store.waitFor) return;
+      const waitFor = store.waitFor.bind(store);
+      await wakesWhen('completion', (k, token) => store.complete(k, token, response(), 60_000), waitFor);
       // Not held at all: resolves at once.
-      await store.waitFor(key('free'), 20_000);
+      await waitFor(key('free'), 20_000);
     });
 
     test('waitFor, when the store has it, wakes a waiter when the lease is released', async () => {
       if (!store.waitFor) return;
-      const k = key();
-      const first = await store.acquire(k, lock);
-      if (first.status !== 'acquired') throw new Error('expected acquired');
-      let woke = false;
-      const waiting = store.waitFor(k, 20_000).then(() => {
-        woke = true;
-      });
-      await sleep(shortMs);
-      assert.equal(woke, false, 'waitFor resolved while the lease was live and nothing released it');
-      assert.equal(await store.release(k, first.token), true);
-      const started = Date.now();
-      await waiting;
-      // Generous bound: a waiter that only woke at its 20s timeout would fail this.
-      assert.ok(Date.now() - started < 10_000, 'waitFor did not wake on release');
+      const k = await wakesWhen(
+        'release',
+        async (k, token) => assert.equal(await store.release(k, token), true),
+        store.waitFor.bind(store),
+      );
       assert.equal((await store.acquire(k, lock)).status, 'acquired');
     });
   });
