@@ -29,6 +29,13 @@ export {
   type TransactionObservation,
 } from './consumer/runtime';
 export { runStoreTransaction, type StoreTransactionOptions } from './consumer/transaction';
+// Adapter-author types of settleInWorker (pg-boss): public because ConsumerRuntime names them.
+export type {
+  BrokerRetries,
+  HandedBack,
+  WorkerDelivery,
+  WorkerVerbs,
+} from './consumer/worker-settlement';
 export {
   type CapturedResponse,
   Execution,

@@ -73,13 +73,13 @@ const KEY_PROBLEM_DETAIL: Record<KeyProblem, string> = {
   'multiple-values': 'was sent more than once',
 };
 
+/** An engine's protocol, for its executions: module-private, so that it is no part of the engine's public type. */
+let protocolOf: (engine: Idempotency<never>) => KeyProtocol;
+
 /**
  * The idempotency engine. It owns every policy decision — key parsing, scope, fingerprint, what to do with each
  * store answer, what to store, lease renewal, error answers — so adapters only translate requests and responses.
  */
-/** An engine's protocol, for its executions: module-private, so that it is no part of the engine's public type. */
-let protocolOf: (engine: Idempotency<never>) => KeyProtocol;
-
 export class Idempotency<Req = unknown> {
   readonly options: ResolvedOptions<Req>;
   // Shared with the engines made by with(), so a plugin and its routes warn once between them.
