@@ -277,34 +277,6 @@ export function closedByClient(socket: { readableEnded: boolean; errored?: Error
   return socket === null || socket.readableEnded || (socket.errored ?? null) !== null;
 }
 
-/** What `readUpTo` read of a body stream. */
-export interface ReadUpTo {
-  /** The chunks read, as bytes. */
-  readonly chunks: Buffer[];
-  /** Their length in bytes. */
-  readonly size: number;
-  /** The unread rest when the body went over the limit; `undefined` when the stream ended within it. */
-  readonly rest: AsyncIterator<unknown> | undefined;
-}
-
-/**
- * Reads a body stream (a framework's stream payload) until its end, or until more than `limit` bytes are read:
- * then `rest` is the unread remainder, to stream through. The iterator is driven by hand, not with `for await`,
- * since leaving a `for await` early destroys the stream.
- */
-export async function readUpTo(source: AsyncIterator<unknown>, limit: number): Promise<ReadUpTo> {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for (;;) {
-    const { done, value } = await source.next();
-    if (done) return { chunks, size, rest: undefined };
-    const chunk = toChunk(value);
-    chunks.push(chunk);
-    size += chunk.byteLength;
-    if (size > limit) return { chunks, size, rest: source };
-  }
-}
-
 /** A chunk of a body stream as bytes; a stream that yields anything but bytes or a string cannot be sent. */
 export function toChunk(value: unknown): Buffer {
   if (Buffer.isBuffer(value)) return value;
