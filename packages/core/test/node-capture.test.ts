@@ -81,6 +81,66 @@ describe('ResponseCapture', () => {
     expect(retry.action === 'respond' && retry.response.status).toBe(410);
   });
 
+  // A stream payload (Fastify's onSend, Koa's ctx.body), held up to the limit, then sent on by `sendRest`.
+  async function* source(chunks: string[], fail?: Error) {
+    for (const chunk of chunks) yield chunk;
+    if (fail !== undefined) throw fail;
+  }
+  const settled = () => new Promise((resolve) => setTimeout(resolve, 10));
+
+  test('holdStream: a stream within the limit is held whole, and stored with its body', async () => {
+    const { capture, next } = await setup();
+    expect(await capture.holdStream(source(['abc', 'de']))).toBeUndefined();
+    await capture.finished(200, head.getHeaders(), capture.body());
+    const replay = await next();
+    expect(replay.action === 'respond' && Buffer.from(replay.response.body).toString()).toBe('abcde');
+  });
+
+  test('sendRest: a stream over the limit is sent whole, and its end keeps the status only', async () => {
+    const { capture, next } = await setup(4);
+    const rest = await capture.holdStream(source(['abc', 'defg', 'hi']));
+    expect(rest).toBeDefined();
+    const sent: Buffer[] = [];
+    for await (const chunk of capture.sendRest(
+      rest as AsyncIterator<unknown>,
+      200,
+      head.getHeaders(),
+      () => {},
+    ))
+      sent.push(chunk as Buffer);
+    expect(Buffer.concat(sent).toString()).toBe('abcdefghi');
+    expect(capture.decided).toBe(true);
+    const replay = await next();
+    expect(replay.action === 'respond' && replay.response.status).toBe(410);
+  });
+
+  test('sendRest: a source that fails after part was sent releases the key', async () => {
+    const { capture, next } = await setup(4);
+    const rest = await capture.holdStream(source(['abcdefg', 'h'], new Error('the source failed')));
+    const body = capture.sendRest(rest as AsyncIterator<unknown>, 200, head.getHeaders(), () => {});
+    await expect(
+      (async () => {
+        for await (const _ of body);
+      })(),
+    ).rejects.toThrow('the source failed');
+    expect((await next()).action).toBe('execute');
+  });
+
+  test('sendRest: a stream destroyed before it was read stops the source and is recorded as executed', async () => {
+    const { capture, next } = await setup(4);
+    const rest = await capture.holdStream(source(['abcdefg', 'h']));
+    let stopped = false;
+    const body = capture.sendRest(rest as AsyncIterator<unknown>, 200, head.getHeaders(), () => {
+      stopped = true;
+    });
+    body.destroy();
+    expect(capture.decided).toBe(true);
+    expect(stopped).toBe(true);
+    await settled();
+    const retry = await next();
+    expect(retry.action === 'respond' && retry.response.status).toBe(410);
+  });
+
   test('closedByClient: an ended or reset socket is the client; one this server destroyed is not', () => {
     expect(closedByClient({ readableEnded: true, errored: null })).toBe(true);
     expect(closedByClient({ readableEnded: false, errored: new Error('ECONNRESET') })).toBe(true);

@@ -1,8 +1,6 @@
 import { PassThrough, Readable } from 'node:stream';
 import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import {
-  type CapturedResponse,
-  type Execution,
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
@@ -10,7 +8,7 @@ import {
   registrationOf,
   type StoredResponse,
 } from '@oncely/core';
-import { readUpTo, toChunk } from '@oncely/core/node';
+import { ResponseCapture } from '@oncely/core/node';
 import type {
   FastifyInstance,
   FastifyReply,
@@ -62,14 +60,12 @@ const kState = Symbol.for('oncely.fastify.state');
 
 interface RequestState {
   /**
-   * The execution while nothing is settling it. Whatever settles it (onSend, the streamed body, the response's
-   * `close`) takes it out of here first, synchronously, so it settles exactly once.
+   * The capture while onSend is not settling it: onSend takes it out of here first, synchronously, and puts it
+   * back only while a body too large to store streams to the client. Once it has decided, nothing settles it.
    */
-  execution: Execution | undefined;
+  capture: ResponseCapture | undefined;
   /** An error Fastify routed for this request (seen by onError): the key is released whatever the answer. */
   error: unknown;
-  /** Set while a body too large to store streams to the client: what to record if the client goes away. */
-  stream: { captured: CapturedResponse; stop: () => void } | undefined;
 }
 type StatefulRequest = FastifyRequest & { [kState]: RequestState | null };
 
@@ -153,13 +149,16 @@ async function idempotencyPluginAsync(
         return;
       }
       if (decision.action === 'respond') {
-        req[kState] = { execution: undefined, error: undefined, stream: undefined };
+        req[kState] = { capture: undefined, error: undefined };
         return send(reply, decision.response);
       }
       decision.execution.headersBeforeHandler(reply.getHeaders());
       request.idempotencyKey = decision.execution.clientKey;
       request.idempotency = { key: decision.execution.clientKey, db: decision.execution.db };
-      const state: RequestState = { execution: decision.execution, error: undefined, stream: undefined };
+      const state: RequestState = {
+        capture: new ResponseCapture(decision.execution, reply.raw),
+        error: undefined,
+      };
       req[kState] = state;
       // The response can end without passing through onSend (a hijacked reply, a client that went away during
       // a streamed body): its end settles whatever is still unsettled, so no key stays locked.
@@ -169,57 +168,51 @@ async function idempotencyPluginAsync(
 
     const onSend: onSendHookHandler<unknown> = async function oncelyOnSend(request, reply, payload) {
       const state = (request as StatefulRequest)[kState];
-      const execution = state?.execution;
-      if (state === null || state === undefined || execution === undefined) return payload;
-      // From here on this hook settles the execution, on every path.
-      state.execution = undefined;
-      if (state.stream !== undefined) {
+      let capture = state?.capture;
+      if (state === null || state === undefined || capture === undefined || capture.decided) return payload;
+      // From here on this hook settles the capture, on every path.
+      state.capture = undefined;
+      if (capture.streaming) {
         // A streamed body was handed over, yet another answer comes through (an error response): drop it.
-        state.stream.stop();
-        state.stream = undefined;
+        capture.dropRest();
+        capture = new ResponseCapture(capture.execution, reply.raw);
       }
       if (state.error !== undefined) {
-        await execution.fail(state.error);
+        await capture.failed(state.error);
         return payload;
       }
-      let read: Collected;
+      let read: Held;
       try {
-        // Strings and bytes (nearly every reply) are read without a promise; only streams need one.
-        read = readNow(payload) ?? (await collect(reply, payload, execution.bufferLimit));
+        // Strings and bytes (nearly every reply) are held without a promise; only streams need one.
+        read = holdNow(capture, payload) ?? (await holdPayload(reply, capture, payload));
       } catch (error) {
         // Fastify answers with its error handler, whose reply passes here again and finds nothing to settle.
-        await execution.fail(error);
+        await capture.failed(error);
         throw error;
       }
       if (read.kind === 'unknown') {
         (handling(request.method)?.options.logger ?? request.log).error(
-          { key: execution.key, payloadType: describe(payload) },
+          { key: capture.execution.key, payloadType: describe(payload) },
           'oncely: cannot read this reply payload; releasing the key instead of storing the response',
         );
-        await execution.fail();
+        await capture.failed(new Error('the reply payload cannot be read'));
         return payload;
       }
       if (read.kind === 'stream') {
-        // Too big to keep: the rest streams through, and the end of the stream settles the execution.
-        const captured = { status: reply.statusCode, headers: reply.getHeaders(), body: undefined };
+        // Too big to keep: the rest streams through, and the end of the stream settles the capture.
+        const body = capture.sendRest(read.rest, reply.statusCode, reply.getHeaders(), read.stop);
         if (responseGone(reply.raw)) {
           // The client left before the answer began, and the response's 'close' has passed: nothing of the stream
           // can be sent. The handler ran: recorded as executed (a retry gets a 410), and the source is not read on.
-          read.stop();
-          await execution.endedEarly(captured.status, captured.headers);
+          capture.cutShort();
           return EMPTY;
         }
-        state.execution = execution;
-        state.stream = { captured, stop: read.stop };
-        return Readable.from(continuation(state, read, captured), { objectMode: false });
+        state.capture = capture;
+        return body;
       }
-      const stored = read.body.byteLength <= execution.maxBodyBytes ? read.body : undefined;
-      const replacement = await execution.complete({
-        status: reply.statusCode,
-        headers: reply.getHeaders(),
-        body: stored,
-      });
-      if (replacement === undefined) return read.payload;
+      const body = capture.body();
+      const replacement = await capture.finished(reply.statusCode, reply.getHeaders(), body);
+      if (replacement === undefined) return read.kind === 'empty' ? payload : body;
       // The transaction did not commit: the handler's answer must not reach the client.
       reply.code(replacement.status);
       for (const name of Object.keys(reply.getHeaders())) reply.removeHeader(name);
@@ -248,77 +241,23 @@ function responseGone(raw: FastifyReply['raw']): boolean {
   return raw.destroyed === true || (raw as { stream?: { destroyed?: boolean } }).stream?.destroyed === true;
 }
 
-/** Takes the unsettled execution out of the state: the caller settles it. */
-function take(state: RequestState): Execution | undefined {
-  const execution = state.execution;
-  state.execution = undefined;
-  state.stream = undefined;
-  return execution;
-}
-
-/** The response is over (sent, or its connection gone): settles an execution nothing else will settle. */
+/** The response is over (sent, or its connection gone): settles a capture nothing else will settle. */
 function onResponseClose(state: RequestState, reply: FastifyReply): void {
-  if (state.execution === undefined) return; // settled, or onSend is settling it
-  const settle = (run: (execution: Execution) => Promise<unknown>) => {
-    const execution = take(state) as Execution;
-    run(execution).catch((error: unknown) => reply.log.error({ err: error }, 'oncely: settling failed'));
-  };
+  const capture = state.capture;
+  if (capture === undefined || capture.decided) return; // settled, or onSend is settling it
   if (state.error !== undefined) {
-    const error = state.error;
-    settle((execution) => execution.fail(error));
+    capture
+      .failed(state.error)
+      .catch((error: unknown) => reply.log.error({ err: error }, 'oncely: settling failed'));
     return;
   }
-  const stream = state.stream;
-  if (stream !== undefined) {
-    // The client went away before the end of a body too large to keep. The handler ran: record it as
-    // executed (a retry gets a 410, never a second run), and stop reading the source.
-    stream.stop();
-    settle((execution) => execution.endedEarly(stream.captured.status, stream.captured.headers));
-    return;
-  }
-  const raw = reply.raw;
-  if (raw.writableFinished || reply.sent) {
-    // Answered without onSend: the handler hijacked the reply (or wrote to reply.raw) and sent it itself. It
-    // ran, but its body was never seen: recorded as executed, without a body (a retry gets a 410).
-    settle((execution) =>
-      execution.complete({ status: raw.statusCode, headers: raw.getHeaders(), body: undefined }),
-    );
-  }
+  // The client went away before the end of a body too large to keep: recorded as executed (a retry gets a 410,
+  // never a second run), and the source is not read on.
+  if (capture.streaming) capture.cutShort();
+  // Answered without onSend: the handler hijacked the reply (or wrote to reply.raw) and sent it itself. It ran,
+  // but its body was never seen: recorded as executed, without a body (a retry gets a 410).
+  else if (reply.raw.writableFinished || reply.sent) capture.wentAround();
   // Otherwise the client went away while the handler runs: its reply still passes through onSend, which settles.
-}
-
-/**
- * Sends what was read, then the rest of the source, for a body too large to store; records the execution when
- * the source ends, releases the key when the source fails, and stops reading when the client goes away.
- */
-async function* continuation(
-  state: RequestState,
-  read: Streamed,
-  captured: CapturedResponse,
-): AsyncGenerator<Buffer> {
-  let ended = false;
-  try {
-    yield* read.head;
-    for (;;) {
-      let next: IteratorResult<unknown>;
-      try {
-        next = await read.rest.next();
-      } catch (error) {
-        await take(state)?.fail(error);
-        throw error;
-      }
-      if (next.done) break;
-      yield toChunk(next.value);
-    }
-    ended = true;
-    await take(state)?.complete(captured);
-  } finally {
-    if (!ended) {
-      // The client went away (Fastify destroyed this stream): the engine records the early end.
-      read.stop();
-      await take(state)?.endedEarly(captured.status, captured.headers);
-    }
-  }
 }
 
 function toArray<T>(value: T | T[] | undefined): T[] {
@@ -331,48 +270,35 @@ function send(reply: FastifyReply, response: StoredResponse): FastifyReply {
   return reply.send(Buffer.from(response.body.buffer, response.body.byteOffset, response.body.byteLength));
 }
 
-interface Streamed {
-  kind: 'stream';
-  /** The chunks read so far (more than the limit). */
-  head: Buffer[];
-  /** The rest of the source. */
-  rest: AsyncIterator<unknown>;
-  /** Stops reading the source and destroys it. */
-  stop: () => void;
-}
-
-type Collected =
-  /** The whole body, and what to send on: the same bytes. */
-  | { kind: 'body'; body: Uint8Array; payload: unknown }
-  /** A stream that outgrew the limit. */
-  | Streamed
+type Held =
+  /** Nothing to hold: the payload is sent as it is, and stored as an empty body. */
+  | { kind: 'empty' }
+  /** The whole body is held: what is sent on is `capture.body()`, the same bytes as stored. */
+  | { kind: 'body' }
+  /** A stream that outgrew the limit: what is held goes first, then `rest`; `stop` stops reading the source. */
+  | { kind: 'stream'; rest: AsyncIterator<unknown>; stop: () => void }
   /** A payload this plugin cannot read. */
   | { kind: 'unknown' };
 
 const EMPTY = Buffer.alloc(0);
 
-/** Reads a payload that needs no waiting (nothing, a string, bytes); `undefined` for anything else. */
-function readNow(payload: unknown): Collected | undefined {
-  if (payload === null || payload === undefined) return { kind: 'body', body: EMPTY, payload };
-  if (typeof payload === 'string') {
-    // Send the bytes on: Fastify would otherwise encode the string a second time.
-    const body = Buffer.from(payload);
-    return { kind: 'body', body, payload: body };
-  }
-  if (payload instanceof Uint8Array) {
-    // The handler's own buffer, which it may refill once it has handed it over (a pool): what is stored and
-    // sent is a copy of it as it was handed over, since the store is asked before anything is sent.
-    const body = Buffer.from(payload);
-    return { kind: 'body', body, payload: body };
+/** Holds a payload that needs no waiting (nothing, a string, bytes); `undefined` for anything else. */
+function holdNow(capture: ResponseCapture, payload: unknown): Held | undefined {
+  if (payload === null || payload === undefined) return { kind: 'empty' };
+  // The bytes are sent on: Fastify would otherwise encode a string a second time, and a handler may refill its
+  // own buffer (a pool) once it handed it over, while the store is asked before anything is sent.
+  if (typeof payload === 'string' || payload instanceof Uint8Array) {
+    capture.hold(payload);
+    return { kind: 'body' };
   }
   return undefined;
 }
 
 /**
- * Reads an onSend payload (string, Buffer, typed array, Node or web stream, web Response, nothing) into bytes;
- * a stream only up to `limit`.
+ * Holds an onSend payload (string, Buffer, typed array, Node or web stream, web Response, nothing); a stream
+ * only up to the limit.
  */
-async function collect(reply: FastifyReply, payload: unknown, limit: number): Promise<Collected> {
+async function holdPayload(reply: FastifyReply, capture: ResponseCapture, payload: unknown): Promise<Held> {
   if (isWebResponse(payload)) {
     // Fastify applies a Response's status and headers only after onSend: apply them now, so they are recorded.
     if (payload.body !== null && payload.bodyUsed) throw new Error('The Response body has already been read');
@@ -380,14 +306,13 @@ async function collect(reply: FastifyReply, payload: unknown, limit: number): Pr
     for (const [name, value] of payload.headers) reply.header(name, value);
     payload = payload.body;
   }
-  const now = readNow(payload);
+  const now = holdNow(capture, payload);
   if (now !== undefined) return now;
   const source = toNodeReadable(payload);
   if (source === undefined) return { kind: 'unknown' };
-  const { chunks, size, rest } = await readUpTo(source[Symbol.asyncIterator](), limit);
-  if (rest !== undefined) return { kind: 'stream', head: chunks, rest, stop: () => source.destroy() };
-  const body = Buffer.concat(chunks, size);
-  return { kind: 'body', body, payload: body };
+  const rest = await capture.holdStream(source[Symbol.asyncIterator]());
+  if (rest !== undefined) return { kind: 'stream', rest, stop: () => source.destroy() };
+  return { kind: 'body' };
 }
 
 /** A Node Readable to read the payload through, or undefined when it is no stream. */
@@ -434,7 +359,8 @@ function describe(payload: unknown): string {
 export function noteHandlerError(request: FastifyRequest, error: unknown): boolean {
   const state = (request as StatefulRequest)[kState];
   // Not covered, or answered by oncely itself (a replay, a problem), or settled already.
-  if (state === null || state === undefined || state.execution === undefined) return false;
+  if (state === null || state === undefined || state.capture === undefined || state.capture.decided)
+    return false;
   // An `undefined` thrown would not read as an error: note one.
   if (state.error === undefined) state.error = error ?? new Error('the handler failed');
   return true;
@@ -448,8 +374,9 @@ export function noteHandlerError(request: FastifyRequest, error: unknown): boole
  */
 export function noteHandlerAbandoned(request: FastifyRequest): boolean {
   const state = (request as StatefulRequest)[kState];
-  if (state === null || state === undefined || state.execution === undefined) return false;
-  state.execution.abandon();
+  if (state === null || state === undefined || state.capture === undefined || state.capture.decided)
+    return false;
+  state.capture.execution.abandon();
   return true;
 }
 

@@ -241,7 +241,9 @@ const utf8: (text: string) => Uint8Array =
  * When that Response is the one sent, its bytes are stored without reading its stream: on @hono/node-server a
  * Response made from a string is written straight to the socket, and reading its stream first builds an undici
  * Response and two web streams (most of oncely's cost per request on Hono, docs/benchmarks.md). Anything else (a
- * stream, a value that is not text) leaves the body unknown, and its stream is read as for any Response.
+ * stream, a value that is not text) leaves the body unknown, and its stream is read as for any Response. This,
+ * with its copy of a handler's buffer, is Hono's own capture: the rest is `@oncely/web`'s, since Hono answers with a
+ * fetch `Response` rather than writing to a Node response.
  */
 function watchBody(c: Context): KnownResponse {
   const known: KnownResponse = { response: undefined, body: undefined };

@@ -1,7 +1,6 @@
 import { Readable } from 'node:stream';
 import {
   conflictingOptions,
-  type Execution,
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
@@ -10,7 +9,7 @@ import {
   registrationOf,
   type StoredResponse,
 } from '@oncely/core';
-import { type ReadUpTo, readUpTo, toChunk } from '@oncely/core/node';
+import { ResponseCapture } from '@oncely/core/node';
 import type { Context, Middleware, Next } from 'koa';
 
 /** Options of the Koa middleware: the shared options (docs/options.md); `scope` and `fingerprint` get Koa's `Context`. */
@@ -92,15 +91,16 @@ export function idempotency(options: KoaIdempotencyOptions = {}): Middleware {
     // Headers set before oncely ran (CORS, a request id) belong to the middlewares outside it, which set them
     // afresh on a replay: only what the inner ones set or change is stored.
     execution.headersBeforeHandler(ctx.res.getHeaders());
+    const capture = new ResponseCapture(execution, ctx.res);
     try {
       await next();
       // A middleware nearer the route refused the request (its answer is in ctx): nothing of it is stored.
-      if (holder.refused !== undefined) await execution.fail(holder.refused);
-      else await capture(ctx, execution);
+      if (holder.refused !== undefined) await capture.failed(holder.refused);
+      else await captureBody(ctx, capture);
     } catch (error) {
       // Thrown by a later middleware or the handler (or the body failed before any of it was sent): the key is
       // released, so a retry runs again, and the error goes on to the app's error handling as usual.
-      await execution.fail(error);
+      if (!capture.decided) await capture.failed(error);
       throw error;
     }
   };
@@ -179,11 +179,8 @@ interface KoaResponseInternals {
   _explicitStatus?: boolean;
 }
 
-type Headers = ReturnType<Context['res']['getHeaders']>;
-
 // Statuses Koa sends without a body, whatever ctx.body holds (its `statuses.empty`).
 const EMPTY_STATUSES = new Set([204, 205, 304]);
-const EMPTY = Buffer.alloc(0);
 
 /**
  * Stores what Koa is about to send for this request, leaving `ctx.body` as a Buffer of the exact bytes stored, as a
@@ -191,76 +188,65 @@ const EMPTY = Buffer.alloc(0);
  * oncely sees the same on both. It runs after this and may transform the response (compression, say); it does the
  * same to a replay.
  */
-async function capture(ctx: Context, execution: Execution): Promise<void> {
+async function captureBody(ctx: Context, capture: ResponseCapture): Promise<void> {
   const res = ctx.res;
   if (ctx.respond === false || res.headersSent) {
     // The handler answers through ctx.res itself, around Koa and oncely: its bytes cannot be held, so the
     // request is kept as executed (status only; a retry gets a 410) once the response is finished.
-    const executed = () =>
-      void (res.writableFinished
-        ? execution.complete({ status: res.statusCode, headers: res.getHeaders(), body: undefined })
-        : execution.endedEarly(res.statusCode, res.getHeaders()));
+    const executed = () => (res.writableFinished ? capture.wentAround() : capture.cutShort());
     if (res.writableFinished || res.destroyed) executed();
     else res.once('close', executed);
     return;
   }
   const response = ctx.response as unknown as KoaResponseInternals;
   const body: unknown = ctx.body;
-  let bytes: Buffer;
   if (EMPTY_STATUSES.has(ctx.status)) {
     if (body !== null && body !== undefined) ctx.body = null; // as Koa's respond: no body, no content headers
-    bytes = EMPTY;
   } else if (body === null || body === undefined) {
-    if (response._explicitNullBody) bytes = EMPTY;
-    else if (!response._explicitStatus) {
-      // Nothing answered the request (Koa's default 404): an app's own not-found handling may still answer it
-      // outside oncely, so nothing is stored and ctx is left as it is.
-      await execution.fail(new Error('no middleware answered the request'));
-      return;
-    } else {
+    if (!response._explicitNullBody) {
+      if (!response._explicitStatus) {
+        // Nothing answered the request (Koa's default 404): an app's own not-found handling may still answer it
+        // outside oncely, so nothing is stored and ctx is left as it is.
+        await capture.failed(new Error('no middleware answered the request'));
+        return;
+      }
       // A status without a body: Koa sends the status message as text (its `respond`).
       const status = ctx.status;
-      bytes = Buffer.from(ctx.req.httpVersionMajor >= 2 ? String(status) : ctx.message || String(status));
-      ctx.body = bytes;
+      capture.hold(ctx.req.httpVersionMajor >= 2 ? String(status) : ctx.message || String(status));
+      ctx.body = capture.body();
       ctx.type = 'text';
     }
-  } else if (typeof body === 'string') {
-    bytes = Buffer.from(body);
-    ctx.body = bytes;
-  } else if (Buffer.isBuffer(body)) {
-    // The handler's own buffer, which it may refill once it has handed it over (a pool): what is stored and
-    // sent is a copy of it as it was handed over, since the store is asked before anything is sent.
-    bytes = Buffer.from(body);
-    ctx.body = bytes;
+  } else if (typeof body === 'string' || Buffer.isBuffer(body)) {
+    // A handler may refill its own buffer (a pool) once it handed it over, while the store is asked before
+    // anything is sent: what is stored and sent is the copy held.
+    capture.hold(body);
+    ctx.body = capture.body();
   } else {
     const source = streamOf(body);
     if (source === undefined) {
       // An object: Koa would send JSON.stringify(body). Sent as those bytes now, so the stored bytes are the sent ones.
-      bytes = Buffer.from(JSON.stringify(body));
-      ctx.body = bytes;
+      capture.hold(JSON.stringify(body));
+      ctx.body = capture.body();
     } else {
-      let read: ReadUpTo;
+      let rest: AsyncIterator<unknown> | undefined;
       try {
-        read = await readUpTo(source, execution.bufferLimit);
+        rest = await capture.holdStream(source);
       } catch (error) {
         // Koa destroys the body stream when the client leaves: the handler ran, so the request is kept as executed
         // (a retry gets a 410), not released to run again. Otherwise the body failed before any of it was sent.
-        if (res.destroyed || !ctx.writable) await executedWithoutBody(ctx, execution);
+        if (res.destroyed || !ctx.writable) capture.cutShort();
         throw error;
       }
-      if (read.rest !== undefined) {
-        ctx.body = continuation(ctx, execution, read.chunks, read.rest, res.getHeaders());
+      if (rest !== undefined) {
+        // Too big to keep: what was read, then the rest, streamed through. Koa destroys it when the response
+        // closes without its end (the client left, or a middleware outside oncely replaced the body): cut short.
+        ctx.body = capture.sendRest(rest, ctx.status, res.getHeaders(), () => void rest.return?.());
         return;
       }
-      bytes = read.chunks.length === 1 ? (read.chunks[0] as Buffer) : Buffer.concat(read.chunks);
-      ctx.body = bytes;
+      ctx.body = capture.body();
     }
   }
-  const replacement = await execution.complete({
-    status: ctx.status,
-    headers: res.getHeaders(),
-    body: bytes.byteLength <= execution.maxBodyBytes ? bytes : undefined,
-  });
+  const replacement = await capture.finished(ctx.status, res.getHeaders(), capture.body());
   if (replacement !== undefined) {
     // The transactional commit failed: nothing the handler wrote survived, so its answer must not be sent.
     for (const name of res.getHeaderNames()) res.removeHeader(name);
@@ -268,14 +254,8 @@ async function capture(ctx: Context, execution: Execution): Promise<void> {
   }
 }
 
-function executedWithoutBody(ctx: Context, execution: Execution): Promise<unknown> {
-  return execution.endedEarly(ctx.status, ctx.res.getHeaders());
-}
-
-type Chunks = AsyncIterator<unknown>;
-
 /** The body's bytes as an async iterator when it is a stream of some kind (Koa 3 takes all of these), else undefined. */
-function streamOf(body: unknown): Chunks | undefined {
+function streamOf(body: unknown): AsyncIterator<unknown> | undefined {
   if (body instanceof Readable) return body[Symbol.asyncIterator]();
   if (body instanceof ReadableStream) return (body as ReadableStream<Uint8Array>)[Symbol.asyncIterator]();
   if (body instanceof Blob) return body.stream()[Symbol.asyncIterator]();
@@ -290,65 +270,4 @@ function streamOf(body: unknown): Chunks | undefined {
     return (body as AsyncIterable<unknown>)[Symbol.asyncIterator]();
   }
   return undefined;
-}
-
-/**
- * A body too big to keep: what was read, then the rest, streamed through; the request is kept as executed (a
- * retry gets a 410, never a second run) when the stream ends, is destroyed (the client left, or Koa dropped it),
- * or the response closes without it (a middleware outside oncely replaced the body). A stream that fails is a
- * failed handler: the key is released.
- */
-function continuation(
-  ctx: Context,
-  execution: Execution,
-  held: Buffer[],
-  rest: Chunks,
-  headers: Headers,
-): Readable {
-  const status = ctx.status;
-  let settled = false;
-  // At the stream's end, or (early) when it is destroyed or the response closes without it: the engine records
-  // either as executed without a body.
-  const executed = (early = true): void => {
-    if (settled) return;
-    settled = true;
-    if (early) void execution.endedEarly(status, headers);
-    else void execution.complete({ status, headers, body: undefined });
-  };
-  ctx.res.once('close', () => executed());
-  return new Readable({
-    read() {
-      const chunk = held.shift();
-      if (chunk !== undefined) {
-        this.push(chunk);
-        return;
-      }
-      const failed = (error: unknown): void => {
-        if (!settled) {
-          settled = true;
-          void execution.fail(error);
-        }
-        this.destroy(error instanceof Error ? error : new Error(String(error)));
-      };
-      rest.next().then(({ done, value }) => {
-        // toChunk throws for a chunk that is not bytes: the response fails, rather than the promise.
-        try {
-          if (done) {
-            executed(false);
-            this.push(null);
-          } else this.push(toChunk(value));
-        } catch (error) {
-          failed(error);
-        }
-      }, failed);
-    },
-    destroy(error, callback) {
-      executed();
-      // Stops the source when the client left early (a no-op once it ended).
-      Promise.resolve(rest.return?.()).then(
-        () => callback(error),
-        () => callback(error),
-      );
-    },
-  });
 }

@@ -275,14 +275,6 @@ export function nestHarness(name: string, platform: Platform): AdapterHarness {
     name,
     // A handler's @Idempotent() options are over the module's: the nearest decides.
     nested: { rule: 'nearest', create: (outer, inner) => harness.create(outer, inner) },
-    // On Express, a StreamableFile goes through the Express capture (see @oncely/express's harness).
-    ...(platform === 'express'
-      ? {
-          knownGaps: {
-            'reused-buffer': 'the Express capture keeps the handler buffer uncopied until stored',
-          },
-        }
-      : {}),
     // With `inner`, the POST /charges handler is marked @Idempotent(inner) (the suite's nested registrations).
     async create(options: TestAppOptions, inner?: TestAppOptions): Promise<TestApp> {
       const counts = routeCounts();

@@ -322,7 +322,12 @@ function headerValue(value: string | string[] | null | undefined): string | unde
   return typeof value === 'string' ? value : value.join(', ');
 }
 
-/** Stores the handler's response (or releases the key) and gives back one with the same bytes to send. */
+/**
+ * Stores the handler's response (or releases the key) and gives back one with the same bytes to send. Not the Node
+ * adapters' `ResponseCapture` (`@oncely/core/node`): a fetch handler hands back a finished `Response` whose body is
+ * a web stream, read here with its reader and answered with a new `Response`, on runtimes without Node's buffers or
+ * streams. The decisions at each early end are the same ones.
+ */
 async function capture(execution: Execution, response: Response): Promise<Response> {
   const headers = headerRecord(response.headers);
   const init = { status: response.status, statusText: response.statusText, headers: response.headers };

@@ -1,3 +1,4 @@
+import { Readable } from 'node:stream';
 import type { Execution } from '../http/engine';
 import type { OutgoingHeaderValue } from '../http/headers';
 import type { StoredResponse } from '../stores/store';
@@ -37,6 +38,10 @@ export class ResponseCapture {
   #begun = false;
   #clientLeft = false;
   #decided = false;
+  /** The answer's status and headers as sent, once the rest of a body over the limit streams (`sendRest`). */
+  #sent: { status: number; headers: Readonly<Record<string, OutgoingHeaderValue>> } | undefined;
+  /** Stops reading the source of a body over the limit that streams (`sendRest`). */
+  #stop: (() => void) | undefined;
 
   constructor(execution: Execution, res: NodeResponseHead) {
     this.execution = execution;
@@ -98,7 +103,101 @@ export class ResponseCapture {
   /** The held body as one buffer. */
   body(): Buffer {
     const chunks = this.#chunks;
-    return chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, this.#size);
+    if (chunks.length === 1) return chunks[0] as Buffer;
+    return chunks.length === 0 ? EMPTY : Buffer.concat(chunks, this.#size);
+  }
+
+  /**
+   * Holds a body stream (a framework's stream payload) until its end, or until it goes over the limit: then
+   * returns the unread rest, to send after what is held (`sendRest`); `undefined` when all of it is held. The
+   * iterator is driven by hand, not with `for await`, since leaving a `for await` early destroys the stream.
+   */
+  async holdStream(source: AsyncIterator<unknown>): Promise<AsyncIterator<unknown> | undefined> {
+    for (;;) {
+      const { done, value } = await source.next();
+      if (done) return undefined;
+      if (!this.hold(toChunk(value))) return source;
+    }
+  }
+
+  /**
+   * The body over the limit, as a stream to hand the framework: what is held, then the rest of the source. Its end
+   * stores the answer with its status only; a source that fails is a failed handler (the key is released, and the
+   * error goes on to the stream); the stream closed before its end, read or not (the client left, the framework
+   * dropped it), is `cutShort`. `status` and `headers` are the answer's as the framework sends it; `stop` stops
+   * reading the source.
+   */
+  sendRest(
+    rest: AsyncIterator<unknown>,
+    status: number,
+    headers: Readonly<Record<string, OutgoingHeaderValue>>,
+    stop: () => void,
+  ): Readable {
+    this.#sent = { status, headers };
+    this.#stop = stop;
+    this.#begun = true;
+    const held = this.drain();
+    const failed = (error: unknown): void => {
+      // Decided already when the stream was cut short or dropped: stopping the source makes it fail.
+      if (!this.#decided) void this.failed(error);
+      body.destroy(error instanceof Error ? error : new Error(String(error)));
+    };
+    const body = new Readable({
+      read: () => {
+        const chunk = held.shift();
+        if (chunk !== undefined) {
+          body.push(chunk);
+          return;
+        }
+        rest.next().then(({ done, value }) => {
+          if (done) {
+            // Stored before the stream ends, so a retry once the answer arrived finds it.
+            if (this.#decided) body.push(null);
+            else this.finished(status, headers, undefined).then(() => body.push(null), failed);
+            return;
+          }
+          // toChunk throws for a chunk that is neither bytes nor a string: the stream fails, not the promise.
+          let next: Buffer;
+          try {
+            next = toChunk(value);
+          } catch (error) {
+            failed(error);
+            return;
+          }
+          this.passed(next);
+          body.push(next);
+        }, failed);
+      },
+      // Destroyed before its end, read or not (the client left, the framework dropped it): decided at once.
+      destroy: (error, callback) => {
+        this.cutShort();
+        callback(error);
+      },
+    });
+    return body;
+  }
+
+  /**
+   * The framework sends another answer instead of the body that streams (its error answer, say): the source is no
+   * longer read, and this capture decides nothing more; the adapter captures the new answer afresh.
+   */
+  dropRest(): void {
+    this.#decided = true;
+    this.#chunks.length = 0;
+    this.#stop?.();
+  }
+
+  /**
+   * The answer began and stopped before its end, without an error (the client left while the body streamed, the
+   * framework dropped the stream, or the handler's own answer around the adapter never finished): the source is
+   * no longer read, and the request is recorded as executed without a body (a retry gets a 410, never a second run).
+   */
+  cutShort(): void {
+    if (this.#decided) return;
+    this.#stop?.();
+    this.#begun = true;
+    this.#clientLeft = true;
+    this.#endedEarly();
   }
 
   /**
@@ -161,9 +260,14 @@ export class ResponseCapture {
     if (this.#decided) return;
     this.#decided = true;
     this.#chunks.length = 0;
-    void this.execution.endedEarly(this.#res.statusCode, this.#res.getHeaders());
+    const sent = this.#sent;
+    void (sent === undefined
+      ? this.execution.endedEarly(this.#res.statusCode, this.#res.getHeaders())
+      : this.execution.endedEarly(sent.status, sent.headers));
   }
 }
+
+const EMPTY = Buffer.alloc(0);
 
 /**
  * Whether the client closed the connection (its end of the socket ended or reset), as opposed to this server
@@ -171,34 +275,6 @@ export class ResponseCapture {
  */
 export function closedByClient(socket: { readableEnded: boolean; errored?: Error | null } | null): boolean {
   return socket === null || socket.readableEnded || (socket.errored ?? null) !== null;
-}
-
-/** What `readUpTo` read of a body stream. */
-export interface ReadUpTo {
-  /** The chunks read, as bytes. */
-  readonly chunks: Buffer[];
-  /** Their length in bytes. */
-  readonly size: number;
-  /** The unread rest when the body went over the limit; `undefined` when the stream ended within it. */
-  readonly rest: AsyncIterator<unknown> | undefined;
-}
-
-/**
- * Reads a body stream (a framework's stream payload) until its end, or until more than `limit` bytes are read:
- * then `rest` is the unread remainder, to stream through. The iterator is driven by hand, not with `for await`,
- * since leaving a `for await` early destroys the stream.
- */
-export async function readUpTo(source: AsyncIterator<unknown>, limit: number): Promise<ReadUpTo> {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for (;;) {
-    const { done, value } = await source.next();
-    if (done) return { chunks, size, rest: undefined };
-    const chunk = toChunk(value);
-    chunks.push(chunk);
-    size += chunk.byteLength;
-    if (size > limit) return { chunks, size, rest: source };
-  }
 }
 
 /** A chunk of a body stream as bytes; a stream that yields anything but bytes or a string cannot be sent. */

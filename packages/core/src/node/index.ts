@@ -6,8 +6,6 @@ export {
   type BodyChunk,
   closedByClient,
   type NodeResponseHead,
-  type ReadUpTo,
   ResponseCapture,
-  readUpTo,
   toChunk,
 } from './capture';
