@@ -6,8 +6,6 @@ import {
   type IdempotencyContext,
   type IdempotencyOptions,
   type Logger,
-  PROBLEM_TYPES,
-  problemResponse,
   type Registration,
   refuseNested,
   registrationOf,
@@ -174,13 +172,8 @@ export async function respondOnce<Req>(
   const { request, log, headers } = exchange;
   const o = engine.options;
   // Cheap exits first, before any header copy or body read: most requests are not ours.
-  if (
-    !o.methods.has(request.method) ||
-    (!o.required &&
-      (headers === undefined ? !request.headers.has(o.header) : headers[o.header] === undefined))
-  ) {
-    return settledResponse(await run(undefined));
-  }
+  const hasKey = headers === undefined ? request.headers.has(o.header) : headers[o.header] !== undefined;
+  if (engine.passes(request.method, hasKey)) return settledResponse(await run(undefined));
   const taken =
     exchange.registration === undefined || nesting.made < 2 ? undefined : nesting.holding.getStore();
   if (taken !== undefined && exchange.registration !== undefined && sameRequest(taken, request, headers)) {
@@ -206,15 +199,7 @@ export async function respondOnce<Req>(
       const type = headers === undefined ? request.headers.get('content-type') : headers['content-type'];
       body = await readBody(request, typeof type === 'string' ? type : null, exchange.readBody);
     } catch (error) {
-      (log ?? o.logger)?.warn({ err: error }, 'oncely: the request body could not be read');
-      return toResponse(
-        problemResponse({
-          type: PROBLEM_TYPES.bodyUnreadable,
-          title: 'Request body unreadable',
-          status: 400,
-          detail: 'The request body could not be read, so the request cannot be checked against its key.',
-        }),
-      );
+      return toResponse(engine.unreadableBody(error, log));
     }
   }
   const decision = await engine.handle(
@@ -242,13 +227,9 @@ export async function respondOnce<Req>(
   } catch {
     // A platform's getter that throws says nothing about the client: the handler runs, as it did before the check.
   }
-  if (gone) {
-    // The client left while the store was asked: the handler does not run for nobody, and the key is released,
-    // so the client's retry runs it (as on Express, Fastify and Koa). The answer goes nowhere; 499 is what
-    // access logs commonly call a request its client closed.
-    await execution.clientGone();
-    return new Response(null, { status: 499 });
-  }
+  // The client left while the store was asked: the handler does not run for nobody (the engine's answer goes
+  // nowhere), and the key is released, so the client's retry runs it.
+  if (gone) return toResponse(await execution.clientGone());
   const context: IdempotencyContext = { key: execution.clientKey, db: execution.db };
   let holder: Holder | undefined;
   if (exchange.registration !== undefined && nesting.made > 1) {

@@ -15,7 +15,7 @@ import type {
   TransactionAcquiredResult,
 } from '../stores/store';
 import { defaultFingerprint } from './fingerprint';
-import { type OutgoingHeaderValue, storableHeaders } from './headers';
+import { OMITTED_BODY_HEADER, type OutgoingHeaderValue, storableHeaders } from './headers';
 import { type KeyProblem, parseKey } from './key';
 import { type IdempotencyOptions, type ResolvedOptions, resolveOptions } from './options';
 import { PROBLEM_TYPES, problemResponse } from './problems';
@@ -61,9 +61,6 @@ const PASS: HttpDecision = { action: 'pass' };
 
 const UNSCOPED_DOCS =
   'https://github.com/oncely/oncely/blob/main/docs/security.md#always-set-scope-on-an-authenticated-api';
-
-// Marks a stored response whose body outgrew maxBodyBytes: only its status is kept, and its replay is a 410.
-const OMITTED_BODY_HEADER = 'x-oncely-body-omitted';
 
 const KEY_PROBLEM_DETAIL: Record<KeyProblem, string> = {
   empty: 'is empty',
@@ -158,6 +155,28 @@ export class Idempotency<Req = unknown> {
   }
 
   /**
+   * Whether `handle` would pass a request with this method, with or without the key header, untouched: adapters
+   * that must read the body for the fingerprint (the fetch ones) ask this first, so most requests cost nothing.
+   */
+  passes(method: string, hasKey: boolean): boolean {
+    return !this.options.methods.has(method) || (!hasKey && !this.options.required);
+  }
+
+  /**
+   * The answer to a covered request whose body could not be read (the stream failed or was cut), so it cannot be
+   * checked against its key: a 400, with a warning logged. The handler does not run.
+   */
+  unreadableBody(error: unknown, log: Logger = this.options.logger ?? silentLogger): StoredResponse {
+    log.warn({ err: error }, 'oncely: the request body could not be read');
+    return problemResponse({
+      type: PROBLEM_TYPES.bodyUnreadable,
+      title: 'Request body unreadable',
+      status: 400,
+      detail: 'The request body could not be read, so the request cannot be checked against its key.',
+    });
+  }
+
+  /**
    * Decides what to do with a request. Never rejects: store failures, a throwing `scope` or `fingerprint`, bad
    * keys all become a `respond` decision (or, with `onStoreError: 'fail-open'`, an unprotected execution).
    */
@@ -166,10 +185,9 @@ export class Idempotency<Req = unknown> {
     log: Logger = this.options.logger ?? silentLogger,
   ): Promise<HttpDecision> {
     const o = this.options;
-    if (!o.methods.has(input.method)) return PASS;
     const raw = input.headers[o.header];
+    if (this.passes(input.method, raw !== undefined)) return PASS;
     if (raw === undefined) {
-      if (!o.required) return PASS;
       log.debug({ header: o.header }, 'oncely: idempotency key missing');
       this.hooks.decided('rejected', undefined, undefined, log);
       return this.#problem(
@@ -620,11 +638,15 @@ export class Execution {
    * The client left while the store was asked, before the handler ran (the adapter found its response destroyed,
    * its stream cancelled or its request's signal aborted when the store answered): release the key, reported with
    * the reason `'client-gone'`, so that the client's retry runs the handler. The adapter skips the handler.
+   * Resolves to the answer for an adapter that must give one (a fetch handler): a 499 without a body, which goes
+   * nowhere; 499 is what access logs commonly call a request whose client closed it.
    */
-  async clientGone(): Promise<void> {
-    if (this.#settle() || this.#token === undefined) return;
-    this.#log.debug({ key: this.key }, 'oncely: the client left before the handler ran; releasing the key');
-    await this.#release('client-gone');
+  async clientGone(): Promise<StoredResponse> {
+    if (!this.#settle() && this.#token !== undefined) {
+      this.#log.debug({ key: this.key }, 'oncely: the client left before the handler ran; releasing the key');
+      await this.#release('client-gone');
+    }
+    return { status: 499, headers: {}, body: EMPTY };
   }
 
   /**
