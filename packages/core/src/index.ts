@@ -40,7 +40,7 @@ export {
   type IdempotencyContext,
 } from './http/engine';
 export { canonicalJson, defaultFingerprint } from './http/fingerprint';
-export { ALWAYS_EXCLUDED_HEADERS, type OutgoingHeaderValue } from './http/headers';
+export { ALWAYS_EXCLUDED_HEADERS, OMITTED_BODY_HEADER, type OutgoingHeaderValue } from './http/headers';
 export { type KeyProblem, parseKey } from './http/key';
 export {
   conflictingOptions,

@@ -45,8 +45,6 @@ export const MAX_CHUNKS = 25;
  * answers by moving the body out of the item.
  */
 export const FINGERPRINT_ALLOWANCE = 1024;
-/** Marks a stored response whose body was not kept; the engine replays it as a 410 (core's engine.ts). */
-export const OMITTED_BODY_HEADER = 'x-oncely-body-omitted';
 
 const utf8 = (value: string) => Buffer.byteLength(value, 'utf8');
 // A DynamoDB number takes at most 21 bytes.

@@ -13,12 +13,13 @@ import {
   UpdateTimeToLiveCommand,
   type WriteRequest,
 } from '@aws-sdk/client-dynamodb';
-import type {
-  AcquireOptions,
-  AcquireResult,
-  IdempotencyRecord,
-  IdempotencyStore,
-  StoredResponse,
+import {
+  type AcquireOptions,
+  type AcquireResult,
+  type IdempotencyRecord,
+  type IdempotencyStore,
+  OMITTED_BODY_HEADER,
+  type StoredResponse,
 } from '@oncely/core';
 import {
   ATTR,
@@ -28,7 +29,6 @@ import {
   MAX_ITEM_BYTES,
   MAX_KEY_BYTES,
   n,
-  OMITTED_BODY_HEADER,
   type ParsedRecord,
   parseItem,
   RESERVED_ATTRIBUTES,
