@@ -1,11 +1,11 @@
 import { createHash } from 'node:crypto';
+import { IdempotencyOptionsError } from '@oncely/core';
 import {
   type ConsumerOptions,
   type ConsumerSettledEvent,
   type ConsumerSettlement,
   consumerRuntime,
-  IdempotencyOptionsError,
-} from '@oncely/core';
+} from '@oncely/core/adapter';
 import type { ConfirmChannel, ConsumeMessage, Options } from 'amqplib';
 
 /** Where a message's idempotency key comes from. */

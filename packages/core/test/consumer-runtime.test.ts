@@ -1,6 +1,4 @@
 import {
-  type ConsumerOptions,
-  consumerRuntime,
   IdempotencyInProgressError,
   IdempotencyMismatchError,
   IdempotencyOptionsError,
@@ -8,6 +6,7 @@ import {
   PermanentError,
   UnstorableResultError,
 } from '../src';
+import { type ConsumerOptions, consumerRuntime } from '../src/adapter';
 
 /** A broker's message, as a wrapper would see it. */
 interface Message {

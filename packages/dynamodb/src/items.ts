@@ -1,5 +1,6 @@
 import type { AttributeValue } from '@aws-sdk/client-dynamodb';
-import type { IdempotencyRecord, StoredResponse } from '@oncely/core';
+import type { StoredResponse } from '@oncely/core';
+import type { IdempotencyRecord } from '@oncely/core/adapter';
 
 /**
  * The item layout. One item per record, under the partition key (`prefix` + key):

@@ -13,14 +13,8 @@ import {
   UpdateTimeToLiveCommand,
   type WriteRequest,
 } from '@aws-sdk/client-dynamodb';
-import {
-  type AcquireOptions,
-  type AcquireResult,
-  type IdempotencyRecord,
-  type IdempotencyStore,
-  OMITTED_BODY_HEADER,
-  type StoredResponse,
-} from '@oncely/core';
+import type { AcquireResult, IdempotencyStore, StoredResponse } from '@oncely/core';
+import { type AcquireOptions, type IdempotencyRecord, OMITTED_BODY_HEADER } from '@oncely/core/adapter';
 import {
   ATTR,
   completedItemBytes,

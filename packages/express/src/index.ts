@@ -1,16 +1,18 @@
 import { IncomingMessage, ServerResponse } from 'node:http';
 import {
-  type CapturedResponse,
-  conflictingOptions,
-  type Execution,
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
+  type StoredResponse,
+} from '@oncely/core';
+import {
+  type CapturedResponse,
+  conflictingOptions,
+  type Execution,
   type Registration,
   refuseNested,
   registrationOf,
-  type StoredResponse,
-} from '@oncely/core';
+} from '@oncely/core/adapter';
 import type { NextFunction, Request, RequestHandler, Response } from 'express';
 
 declare global {

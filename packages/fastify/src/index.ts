@@ -1,15 +1,12 @@
 import { PassThrough, Readable } from 'node:stream';
 import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import {
-  type CapturedResponse,
-  type Execution,
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
-  nestedEngine,
-  registrationOf,
   type StoredResponse,
 } from '@oncely/core';
+import { type CapturedResponse, type Execution, nestedEngine, registrationOf } from '@oncely/core/adapter';
 import type {
   FastifyInstance,
   FastifyReply,

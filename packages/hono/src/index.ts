@@ -3,12 +3,10 @@ import {
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
-  nestedEngine,
-  type Registration,
-  registrationOf,
   type ScopeByHeaderOptions,
   type StoredResponse,
 } from '@oncely/core';
+import { nestedEngine, type Registration, registrationOf } from '@oncely/core/adapter';
 import { HandlerFailure, KnownBody, registrationMade, respondOnce, toResponse } from '@oncely/web';
 import type { Context, Env, MiddlewareHandler } from 'hono';
 

@@ -1,15 +1,17 @@
 import { Readable } from 'node:stream';
 import {
-  conflictingOptions,
-  type Execution,
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
+  type StoredResponse,
+} from '@oncely/core';
+import {
+  conflictingOptions,
+  type Execution,
   type Registration,
   refuseNested,
   registrationOf,
-  type StoredResponse,
-} from '@oncely/core';
+} from '@oncely/core/adapter';
 import type { Context, Middleware, Next } from 'koa';
 
 /** Options of the Koa middleware: the shared options (docs/options.md); `scope` and `fingerprint` get Koa's `Context`. */

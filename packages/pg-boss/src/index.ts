@@ -1,17 +1,14 @@
 import { createHash } from 'node:crypto';
+import { type Duration, IdempotencyOptionsError, type IdempotencyStore, parseDuration } from '@oncely/core';
 import {
   type ConsumerBroker,
   type ConsumerOptions,
   type ConsumerSettledEvent,
   consumerRuntime,
-  type Duration,
   durationOption,
-  IdempotencyOptionsError,
-  type IdempotencyStore,
-  parseDuration,
   runStoreTransaction,
   type TransactionalIdempotencyStore,
-} from '@oncely/core';
+} from '@oncely/core/adapter';
 
 /** What the wrapper reads of a pg-boss job (`PgBoss.Job`, or `JobWithMetadata` with `includeMetadata: true`). */
 export interface PgBossJob<T = unknown> {

@@ -1,15 +1,17 @@
 import {
-  type AcquireOptions,
   type AcquireResult,
   type CompletedResult,
   type Duration,
-  type IdempotencyRecord,
   type InProgressResult,
   parseDuration,
   type StoredResponse,
-  type TransactionAcquiredResult,
-  type TransactionalIdempotencyStore,
 } from '@oncely/core';
+import type {
+  AcquireOptions,
+  IdempotencyRecord,
+  TransactionAcquiredResult,
+  TransactionalIdempotencyStore,
+} from '@oncely/core/adapter';
 import { hold } from './client';
 import type { PostgresStore } from './store';
 

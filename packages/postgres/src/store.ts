@@ -1,19 +1,21 @@
 import { randomUUID } from 'node:crypto';
 import {
-  type AcquireOptions,
   type AcquireResult,
   type CompletedResult,
   type Duration,
-  type IdempotencyRecord,
   type InProgressResult,
   parseDuration,
-  runStoreTransaction,
   type StoredResponse,
+} from '@oncely/core';
+import {
+  type AcquireOptions,
+  type IdempotencyRecord,
+  runStoreTransaction,
   type StoreTransaction,
   type TransactionAcquiredResult,
   type TransactionalIdempotencyStore,
   undoAcquire,
-} from '@oncely/core';
+} from '@oncely/core/adapter';
 import type { Pool, PoolClient, QueryResultRow } from 'pg';
 import { hold } from './client';
 import { checkIdentifier, type Statements, statements } from './sql';

@@ -1,15 +1,13 @@
 import { createHash, randomUUID } from 'node:crypto';
 import type { Socket } from 'node:net';
 import {
-  type AcquireOptions,
   type AcquireResult,
   type Duration,
-  type IdempotencyRecord,
   type IdempotencyStore,
   parseDuration,
   type StoredResponse,
-  undoAcquire,
 } from '@oncely/core';
+import { type AcquireOptions, type IdempotencyRecord, undoAcquire } from '@oncely/core/adapter';
 import { autoPipelinesScriptsOnCluster, ioredisConnection, isIoredis } from './clients/ioredis';
 import { isNodeRedis, isNodeRedis5OrLater, nodeRedisConnection } from './clients/node-redis';
 import type { RedisConnection, ScriptArgument } from './clients/types';

@@ -1,16 +1,18 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import {
-  conflictingOptions,
-  type Execution,
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
   type Logger,
+  type StoredResponse,
+} from '@oncely/core';
+import {
+  conflictingOptions,
+  type Execution,
   type Registration,
   refuseNested,
   registrationOf,
-  type StoredResponse,
-} from '@oncely/core';
+} from '@oncely/core/adapter';
 
 /** Options of `withIdempotency`: the shared options (docs/options.md); `scope` and `fingerprint` get the `Request`. */
 export type WebIdempotencyOptions = IdempotencyOptions<Request>;
