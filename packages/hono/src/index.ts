@@ -7,7 +7,7 @@ import {
   type StoredResponse,
 } from '@oncely/core';
 import { nestedEngine, type Registration, registrationOf } from '@oncely/core/adapter';
-import { HandlerFailure, KnownBody, registrationMade, respondOnce, toResponse } from '@oncely/web';
+import { HandlerFailure, KnownBody, registrationMade, respondOnce, toResponse } from '@oncely/web/adapter';
 import type { Context, Env, MiddlewareHandler } from 'hono';
 
 /**
