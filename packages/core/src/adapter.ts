@@ -32,6 +32,7 @@ export type { ResolvedOptions } from './http/options';
 export { type ProblemDetails, problemResponse } from './http/problems';
 export type { RequestWithHeaders } from './http/scope';
 export { durationOption } from './shared/checks';
+export { markOncelyError } from './shared/errors';
 export { silentLogger } from './shared/logger';
 export { OBSERVERS, type ObservableOptions, storeKind } from './shared/observe';
 export type {

@@ -14,6 +14,7 @@ import {
   type WriteRequest,
 } from '@aws-sdk/client-dynamodb';
 import type { AcquireResult, IdempotencyStore, StoredResponse } from '@oncely/core';
+import { IdempotencyOptionsError } from '@oncely/core';
 import { type AcquireOptions, type IdempotencyRecord, OMITTED_BODY_HEADER } from '@oncely/core/adapter';
 import {
   ATTR,
@@ -72,7 +73,7 @@ const TABLE_NAME = /^[A-Za-z0-9_.-]{3,255}$/;
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 function fail(option: string, message: string): never {
-  throw new TypeError(`oncely/dynamodb: option "${option}" ${message}`);
+  throw new IdempotencyOptionsError(option, message, 'oncely/dynamodb');
 }
 
 function attributeName(option: string, value: unknown, fallback: string): string {
@@ -122,8 +123,10 @@ export class DynamoDBStore implements IdempotencyStore {
 
   constructor(options: DynamoDBStoreOptions) {
     if (options === null || typeof options !== 'object') {
-      throw new TypeError(
-        'oncely/dynamodb: options are required: new DynamoDBStore({ client: new DynamoDBClient({}), tableName }).',
+      throw new IdempotencyOptionsError(
+        'client',
+        'is required (no options were given): new DynamoDBStore({ client: new DynamoDBClient({}), tableName }).',
+        'oncely/dynamodb',
       );
     }
     const client: unknown = options.client;

@@ -3,6 +3,7 @@ import {
   type AcquireResult,
   type CompletedResult,
   type Duration,
+  IdempotencyOptionsError,
   type InProgressResult,
   parseDuration,
   type StoredResponse,
@@ -89,14 +90,16 @@ export class PostgresStore implements TransactionalIdempotencyStore {
 
   constructor(options: PostgresStoreOptions) {
     if (options === null || typeof options !== 'object' || typeof options.pool?.query !== 'function') {
-      throw new TypeError(
-        'oncely/postgres: option "pool" is required: new PostgresStore({ pool: new pg.Pool() }).',
+      throw new IdempotencyOptionsError(
+        'pool',
+        'is required: new PostgresStore({ pool: new pg.Pool() }).',
+        'oncely/postgres',
       );
     }
     const schema = checkIdentifier('schema', options.schema ?? 'public');
     const table = checkIdentifier('table', options.table ?? 'oncely_idempotency');
     if (table.length > 55)
-      throw new TypeError('oncely/postgres: option "table" must be at most 55 characters.');
+      throw new IdempotencyOptionsError('table', 'must be at most 55 characters.', 'oncely/postgres');
     this.#pool = options.pool;
     this.#sql = statements(schema, table);
     this.#outbox = options.outbox === true;
