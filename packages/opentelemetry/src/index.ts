@@ -114,10 +114,9 @@ const KNOWN_OPTIONS = new Set(['meterProvider', 'tracerProvider', 'metrics', 'tr
 /**
  * The instruments of one meter, shared by every otel() that records to it. The decisions counter and the executions
  * in flight are counted here in plain numbers and reported by observable instruments when the SDK collects: an SDK
- * `add()` or `record()` hashes its attributes on every call (sort + JSON.stringify, ~1-1.5 µs here), and a first
- * execution made three `add()`s; an increment here is a few ns (`OTEL=on pnpm --filter @oncely/benchmarks micro
- * first`: +8 µs per first execution with synchronous instruments, +3 µs with these). Histograms have no observable
- * form: durations are recorded as they come, with one attribute (two when the operation failed; see buildHooks).
+ * `add()` or `record()` hashes its attributes on every call, and a first execution made three `add()`s, where an
+ * increment here costs a few ns (docs/benchmarks.md, "OpenTelemetry"). Histograms have no observable form:
+ * durations are recorded as they come, with one attribute (two when the operation failed; see buildHooks).
  */
 interface Instruments {
   decisions: Record<AdapterKind, Record<OtelOutcome, number>>;
@@ -314,10 +313,9 @@ function checkOptions(options: OtelOptions): Checked {
 
 function buildHooks(o: Checked): IdempotencyHooks {
   // The histogram's attributes: the operation, and `error.type` only when it failed (as OpenTelemetry's own client
-  // durations do). The SDK hashes a measurement's attributes on every record() (sorts and JSON-stringifies them):
-  // 90 ns per record() with none, 600 with one, 950 with two in a loop (SDK 2.12, a MeterProvider with a reader),
-  // and per first execution (two records) 1.0-1.2 µs less with one than with two in the engine (in-process, turns
-  // alternating). The store kind and adapter are constant for most engines: the spans carry them.
+  // durations do). The SDK hashes a measurement's attributes on every record(), at a cost that grows with each
+  // attribute (docs/benchmarks.md, "OpenTelemetry"). The store kind and adapter are constant for most engines: the
+  // spans carry them.
   const storeMetricAttributes = table(STORE_OPERATIONS, (operation) =>
     freeze({ [ATTRIBUTES.storeOperation]: operation }),
   );

@@ -2,15 +2,15 @@ import { createHash } from 'node:crypto';
 
 /**
  * The store's Lua scripts. One Redis string per record (one key, so a Cluster never sees a cross-slot call), in the
- * layout of 2026-11-24 ("v2"):
+ * string layout ("v2"):
  *   in progress  'p' | UUID (36 bytes) | fingerprint                   ('w' instead of 'p': a waiter listens, so
  *                                                                       completion and release PUBLISH the key)
  *   completed    'c' | fingerprint length ':' fingerprint | status ':' headers length ':' headers (JSON) | body
  * The key's own expiry is the lease (in progress) or the TTL (completed): a crashed owner's record disappears by
  * itself, no clock is read (no `TIME`: clock skew between app servers cannot stretch or cut a lease), and a record
  * is one `GET` and one `SET ... PX`. Against the hash layout before it (state, fingerprint, token, lease end,
- * status, headers and body as fields, with `TIME`, `HMGET`, `HSET`, `HDEL` and `PEXPIRE` per call) this halves
- * Redis's CPU per request (docs/benchmarks.md).
+ * status, headers and body as fields, with `TIME`, `HMGET`, `HSET`, `HDEL` and `PEXPIRE` per call) this costs
+ * Redis far less CPU per request (docs/stores/redis.md, "Record layout and rolling deploys").
  *
  * Rolling deploys: records of the hash layout stay readable until they expire. `GET` on a hash fails (WRONGTYPE),
  * so every script reads with `redis.pcall` and takes the hash path only then (`LEGACY_*` below): it answers from
@@ -19,16 +19,16 @@ import { createHash } from 'node:crypto';
  * Replies are parsed in one place, `replies.ts`.
  *
  * The store's fencing token is a UUID followed by the fingerprint, so that the in-progress record is 'p' | token and
- * `complete` can build the completed record itself (Redis then only compares and writes: ~1 µs of its CPU less per
- * first execution than joining the record in Lua).
+ * `complete` can build the completed record itself: Redis, which every app server shares, then only compares and
+ * writes, rather than joining the record in Lua.
  * A free key or a completed record does not need ACQUIRE: the store sends `SET key 'p'|token PX lockTimeout NX
- * GET`, which writes the very record ACQUIRE would write, or returns the completed one untouched, for less than
- * half of ACQUIRE's CPU. ACQUIRE runs where the SET finds a lease (its reply has the remaining time) or is
+ * GET`, which writes the very record ACQUIRE would write, or returns the completed one untouched, for less of
+ * Redis's CPU than a script. ACQUIRE runs where the SET finds a lease (its reply has the remaining time) or is
  * refused (a hash record's WRONGTYPE, OOM, Redis before 7.0).
  */
 
-// A record of the hash layout (before 2026-11-24): s state 'p'/'c', f fingerprint, t token, l lease end (ms, Redis
-// clock), c status, h headers JSON, b body, w set when a waiter listens.
+// A record of the hash layout ("v1", before the string layout): s state 'p'/'c', f fingerprint, t token, l lease
+// end (ms, Redis clock), c status, h headers JSON, b body, w set when a waiter listens.
 const LEGACY_NOW = `local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
 

@@ -78,4 +78,4 @@ export {
   startRedis,
   startRedisCluster,
 } from './servers';
-export { binaryBody, type StoreSuiteOptions, storeContractSuite } from './store-suite';
+export { type StoreSuiteOptions, storeContractSuite } from './store-suite';

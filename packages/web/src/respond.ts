@@ -132,7 +132,7 @@ export async function respondOnce<Req>(
   }
   let body: unknown;
   // With a readBody of its own, the adapter reads the body; `request.body` is not touched, since on
-  // @hono/node-server reading it builds a full undici Request and its streams (~30% of a request).
+  // @hono/node-server reading it builds a full undici Request and its streams, a large part of a request's cost.
   if (o.fingerprint === undefined && (exchange.readBody !== undefined || request.body !== null)) {
     try {
       const type = headers === undefined ? request.headers.get('content-type') : headers['content-type'];

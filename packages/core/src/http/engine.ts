@@ -83,8 +83,8 @@ export class Idempotency<Req = unknown> {
   #unparsedBodyWarned = false;
   /**
    * Replay headers built once per stored headers object (a MemoryStore hands out the same one on every replay), per
-   * engine since its `excludeHeaders` filter them. The copy of the headers it saves was 6% of a Fastify +
-   * MemoryStore replay profile; stores that deserialise a fresh object per read pay one WeakMap insert.
+   * engine since its `excludeHeaders` filter them: no copy of the headers per replay. Stores that deserialise a
+   * fresh object per read pay one WeakMap insert.
    */
   readonly #replays = new WeakMap<object, ReplayTemplate>();
   /**

@@ -235,8 +235,7 @@ export function observedStore<S extends IdempotencyStore>(
   if (hooks.onStoreOperation === undefined) return store;
   const kind = storeKind(store);
   // One async function per operation rather than a generic timing helper with a callback: no closure allocated per
-  // call. Measured with `OTEL=on pnpm --filter @oncely/benchmarks micro first` (benchmarks/micro/engine.ts): the
-  // helper (a call closure, a report closure and a .then() pair) cost ~0.3 µs more per operation.
+  // call, which the engine's micro-benchmark measured (docs/benchmarks.md, "Measurements behind the code").
   const report: Report = (operation, key, start, error) =>
     emit(
       error === NO_ERROR

@@ -66,16 +66,10 @@ function unlink(list: List, entry: Entry): void {
 }
 
 /**
- * A store call's answer, given on the event loop's check phase (`setImmediate`) instead of at once; the call's
- * effect (the lease taken, the record stored) happens at once, only the answer waits (an error, none expected, is
- * given at once). A networked store's answers arrive together in a later turn of the loop, so under load a
- * server runs the handlers of the requests it read in one loop turn together; answered at once, it runs each
- * one between two socket reads, which measured far dearer on this project's 2-vCPU machine. Server CPU per first execution over the bare framework (`micro/http.ts` in
- * benchmarks/, one process, alternating turns; 2026-11-25), answered at once against in the check phase:
- * Express +63 to +83 µs (four runs) against -8 to +34 (three), Fastify +22.0 against +6.8 and +10.3, Koa +34.0
- * against -2.5 and -1.1, Hono +45.0 against +13.9.
- * Bare Express with its own handler deferred the same way costs 123 µs per request against 171: the discount is
- * the scheduling's, not oncely's, and docs/benchmarks.md says so. Where `setImmediate` does not exist, at once.
+ * A store call's answer, given on the event loop's check phase (`setImmediate`); its effect (the lease taken, the
+ * record stored) happens at once. As with a networked store, a loaded server then runs the handlers of one loop
+ * turn's requests together rather than one between each two socket reads, which costs far more CPU (figures in
+ * docs/benchmarks.md, "Earlier analyses"). Where `setImmediate` does not exist, at once.
  */
 function answerSoon<T>(value: T): Promise<T> {
   if (typeof setImmediate !== 'function') return Promise.resolve(value);
@@ -89,10 +83,8 @@ function answerSoon<T>(value: T): Promise<T> {
  * completed records that have expired (a min-heap) and the leases in flight. The sweep timer is `unref`'d.
  *
  * One Map holds every record, and a record is one object from acquire to eviction: `complete` turns the lease
- * into the completed record in place. With a Map for leases beside one for completed records, and a heap item
- * allocated per acquire and per complete, a first execution cost six Map operations and two allocations that
- * outlived it; now two Map operations and one heap slot. With the fingerprint's fast path, that took the engine's
- * first execution from 3.5 to 2.5 µs (`benchmarks/micro/engine.ts`, best of 10 rounds).
+ * into the completed record in place: a first execution costs two Map operations and one heap slot, where separate
+ * Maps for leases and completed records cost six operations and two allocations that outlived it.
  */
 export class MemoryStore implements IdempotencyStore {
   readonly #maxEntries: number;
@@ -100,9 +92,8 @@ export class MemoryStore implements IdempotencyStore {
   #completedCount = 0;
   // LRU order of completed records as a linked list, not as Map insertion order: V8's Map keeps deleted
   // entries as holes until it rehashes, so evicting with `keys().next()` after many deletes scans the holes.
-  // That made `complete` 12% of a Fastify + MemoryStore first-execution profile (docs/benchmarks.md).
   readonly #lru: List = { oldest: undefined, youngest: undefined };
-  // The leases in flight, for the sweep (a Set cost 6% of the engine's first execution: its table churns).
+  // The leases in flight, for the sweep: a list through the records, as a Set's table churns on every request.
   readonly #leases: List = { oldest: undefined, youngest: undefined };
   // Min-heap of completed records by `expiresAt`, which never changes once a record is completed. A record
   // evicted or deleted stays in the heap until the sweep pops it (it is no longer the Map's entry for its key);
@@ -221,7 +212,7 @@ export class MemoryStore implements IdempotencyStore {
    * The body as the record keeps it: always a copy, since the caller's buffer is the handler's (a pool, a buffer
    * refilled per request), and a record pointing at it would replay whatever it holds next. A short body goes into
    * a slab of this store's own (a view of Node's 8 KB pool kept as it is would keep the whole pool alive), a longer
-   * one into a buffer of its own. About 0.13 µs per short record, 0.5 µs per long one (Node 20).
+   * one into a buffer of its own.
    */
   #ownBytes(body: Uint8Array): Uint8Array {
     const length = body.byteLength;
@@ -421,8 +412,8 @@ function ownHeaders(
 
 /**
  * A completed record's response as handed out: its own copy of the body, so a receiver that writes into it (an
- * outer middleware, a caller of `get`) cannot change what later replays send. A short copy comes from Node's
- * Buffer pool (about 0.15 µs for a 200-byte body, as `new Uint8Array` copies cost 0.6).
+ * outer middleware, a caller of `get`) cannot change what later replays send. `Buffer.from` takes a short copy
+ * from Node's pool, a few times cheaper than `new Uint8Array`.
  */
 function handedOut(entry: Entry): StoredResponse {
   const { status, headers, body } = entry.response as StoredResponse;

@@ -1,0 +1,38 @@
+import { spawnSync } from 'node:child_process';
+import { join } from 'node:path';
+
+// The suite takes its runner's functions as arguments: here it runs under node:test, in a process without jest's
+// globals, on a store that passes it and on one that must fail it.
+const repositoryRoot = join(__dirname, '..', '..', '..');
+
+function runUnderNodeTest(env: Record<string, string>): { status: number | null; output: string } {
+  const fixture = join(__dirname, 'fixtures', 'node-test-run.ts');
+  const run = spawnSync(
+    process.execPath,
+    ['--import', 'tsx', '--conditions=@oncely/source', '--test', '--test-reporter=tap', fixture],
+    { cwd: repositoryRoot, env: { ...process.env, ...env }, encoding: 'utf8', timeout: 60_000 },
+  );
+  return { status: run.status, output: `${run.stdout}${run.stderr}` };
+}
+
+const count = (output: string, what: 'pass' | 'fail'): number =>
+  Number(new RegExp(`^# ${what} (\\d+)$`, 'm').exec(output)?.[1] ?? Number.NaN);
+
+test('under node:test, MemoryStore passes every test of the suite', () => {
+  const { status, output } = runUnderNodeTest({ BROKEN: '0' });
+  expect({ status, fail: count(output, 'fail') }).toEqual({ status: 0, fail: 0 });
+  expect(count(output, 'pass')).toBe(16);
+});
+
+test('under node:test, a store whose release ignores the token fails the fencing tests', () => {
+  const { status, output } = runUnderNodeTest({ BROKEN: '1' });
+  expect(status).not.toBe(0);
+  const failed = [...output.matchAll(/^\s*not ok \d+ - (.+)$/gm)].map((match) => match[1]);
+  expect(failed).toEqual(
+    expect.arrayContaining([
+      'a wrong token can neither complete, release nor renew',
+      'a completed record cannot be completed again, released or renewed',
+      'an expired lease is taken over with a new token; the stale token is fenced off',
+    ]),
+  );
+});
