@@ -16,7 +16,8 @@ export {
   type TransactionObservation,
 } from './consumer/runtime';
 export { runStoreTransaction, type StoreTransactionOptions } from './consumer/transaction';
-export { type CapturedResponse, Execution, type HttpDecision, type HttpRequestInput } from './http/engine';
+export type { HttpDecision, HttpRequestInput } from './http/engine';
+export { type CapturedResponse, Execution } from './http/execution';
 export { canonicalJson, defaultFingerprint } from './http/fingerprint';
 export { ALWAYS_EXCLUDED_HEADERS, OMITTED_BODY_HEADER, type OutgoingHeaderValue } from './http/headers';
 export { type KeyProblem, parseKey } from './http/key';
