@@ -9,7 +9,7 @@ module.exports = {
   testMatch: ['**/test/**/*.test.ts'],
   moduleNameMapper: {
     '^@oncely/([a-z-]+)$': '<rootDir>/packages/$1/src/index.ts',
-    '^@oncely/([a-z-]+)/([a-z-]+)$': '<rootDir>/packages/$1/src/$2.ts',
+    '^@oncely/([a-z-]+)/([a-z-]+)$': '<rootDir>/packages/$1/src/$2/index.ts',
   },
   transform: {
     '^.+\\.ts$': ['ts-jest', { tsconfig: '<rootDir>/tsconfig.test.json' }],

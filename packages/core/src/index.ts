@@ -9,14 +9,10 @@ export {
   PermanentError,
   UnstorableResultError,
 } from './consumer/errors';
-export {
-  type IdempotentOptions,
-  type IdempotentOutcome,
-  idempotent,
-  idempotentOutcome,
-  type ResultSerializer,
-} from './consumer/idempotent';
+export { type IdempotentOutcome, idempotent, idempotentOutcome } from './consumer/idempotent';
+export type { IdempotentOptions } from './consumer/idempotent-options';
 export type { Jsonified, JsonStorable, JsonValue } from './consumer/json';
+export type { ResultSerializer } from './consumer/result-codec';
 export { Idempotency, type IdempotencyContext } from './http/engine';
 export type { IdempotencyOptions } from './http/options';
 export { PROBLEM_TYPES } from './http/problems';

@@ -1,12 +1,14 @@
 import {
+  type IdempotencyHooks,
   IdempotencyInProgressError,
   IdempotencyMismatchError,
   IdempotencyOptionsError,
   MemoryStore,
   PermanentError,
+  type StoredResponse,
   UnstorableResultError,
 } from '../src';
-import { type ConsumerOptions, consumerRuntime } from '../src/adapter';
+import { type AcquireOptions, type ConsumerOptions, consumerRuntime } from '../src/adapter';
 
 /** A broker's message, as a wrapper would see it. */
 interface Message {
@@ -312,6 +314,223 @@ describe('consumerRuntime: the transactional path (runInTransaction) reports its
       { outcome: 'mismatch', key: 't' },
       { outcome: 'rejected', key: undefined },
     ]);
+  });
+});
+
+describe('consumerRuntime: the transactional path the runtime runs itself (workInTransaction)', () => {
+  /** A MemoryStore whose transactions are its own acquire, complete and release (as a PostgresStore's are). */
+  class TransactionalMemoryStore extends MemoryStore {
+    async acquireInTransaction(key: string, options: AcquireOptions) {
+      const result = await this.acquire(key, options);
+      if (result.status !== 'acquired') return result;
+      const { token } = result;
+      return {
+        ...result,
+        transaction: {
+          db: { key },
+          commit: (response: StoredResponse, ttlMs: number) => this.complete(key, token, response, ttlMs),
+          rollback: async () => void (await this.release(key, token)),
+        },
+      };
+    }
+  }
+
+  test('the key protocol and its hooks: commit, rollback, replay, conflict, mismatch, as the plain path reports them', async () => {
+    const store = new TransactionalMemoryStore();
+    const events: string[] = [];
+    const hooks: IdempotencyHooks = {
+      onDecision: (e) => void events.push(`decision:${e.outcome}`),
+      onComplete: (e) => void events.push(`complete:${e.key}`),
+      onRelease: (e) => void events.push(`release:${e.key}:${e.reason}`),
+      onExecutionStart: (e) => void events.push(`start:${e.key}`),
+      onExecutionEnd: (e) => void events.push(`end:${e.key}`),
+      onStoreOperation: (e) => void events.push(`op:${e.operation}:${e.result}`),
+    };
+    const writes: unknown[] = [];
+    let fail = true;
+    const runtime = consumerRuntime<Message>(
+      () => {},
+      { store, hooks },
+      {
+        ...broker,
+        storeResults: true,
+        workInTransaction: async (msg, key, db) => {
+          writes.push(db);
+          if (fail) {
+            fail = false;
+            throw new Error('the work failed: rolled back');
+          }
+          return { shipped: msg.body, key };
+        },
+      },
+    );
+    const failed = await runtime.decide({ id: 't', body: 'x' }, 0);
+    expect(failed.settlement).toMatchObject({ action: 'retry', reason: 'failed' });
+    const done = await runtime.decide({ id: 't', body: 'x' }, 1);
+    expect(done).toEqual({
+      key: 't',
+      settlement: { action: 'ack', reason: 'executed' },
+      result: { shipped: 'x', key: 't' },
+    });
+    const duplicate = await runtime.decide({ id: 't', body: 'x' }, 0);
+    expect(duplicate).toEqual({
+      key: 't',
+      settlement: { action: 'ack', reason: 'replayed' },
+      result: { shipped: 'x', key: 't' },
+    });
+    const mismatch = await runtime.decide({ id: 't', body: 'other' }, 0);
+    expect(mismatch.settlement).toMatchObject({ action: 'dead-letter', reason: 'mismatch' });
+    // The work got the transaction's client, twice (the failed run and the committed one).
+    expect(writes).toEqual([{ key: 't' }, { key: 't' }]);
+    expect(events).toEqual([
+      'op:acquire:ok',
+      'start:t',
+      'op:release:ok',
+      'release:t:error',
+      'end:t',
+      'op:acquire:ok',
+      'start:t',
+      'op:complete:ok',
+      'complete:t',
+      'end:t',
+      'decision:executed',
+      'op:acquire:ok',
+      'decision:replayed',
+      'op:acquire:ok',
+      'decision:mismatch',
+    ]);
+    // A duplicate of a transaction still open is delayed as in progress.
+    await store.acquire('held', { fingerprint: 'x', lockTimeoutMs: 30_000 });
+    expect((await runtime.decide({ id: 'held', body: 'x' }, 0)).settlement).toMatchObject({
+      action: 'delay',
+      reason: 'in-progress',
+    });
+    await store.close();
+  });
+
+  test('a store that does not run transactions is refused at construction, naming the option', () => {
+    expect(() =>
+      consumerRuntime<Message>(
+        () => {},
+        { store: new MemoryStore() },
+        { ...broker, workInTransaction: () => null },
+      ),
+    ).toThrow(IdempotencyOptionsError);
+  });
+});
+
+describe('consumerRuntime.settleInWorker: for brokers that retry themselves and hold a message while it runs', () => {
+  const delivery = (over: Partial<WorkerDelivery> = {}): WorkerDelivery => ({
+    id: 'job-1',
+    failuresBefore: 0,
+    expiresAt: Date.now() + 60_000,
+    stopped: () => false,
+    retries: {},
+    ...over,
+  });
+  type WorkerDelivery = Parameters<ReturnType<typeof runtimeWith>['settleInWorker']>[1];
+
+  test('a held key is waited for in the worker (no attempt counted), then the replay is acked with the stored result', async () => {
+    const store = new MemoryStore();
+    const events: string[] = [];
+    const runtime = consumerRuntime<Message>(
+      () => ({ n: 1 }),
+      {
+        store,
+        inProgressDelay: 20,
+        onSettled: (e) => void events.push(`${e.action}:${e.reason}:${e.failures}`),
+      },
+      { ...broker, storeResults: true },
+    );
+    const held = await store.acquire('a', { fingerprint: 'x', lockTimeoutMs: 30_000 });
+    if (held.status !== 'acquired') throw new Error('expected acquired');
+    const acked: unknown[] = [];
+    const settled = runtime.settleInWorker({ id: 'a', body: 'x' }, delivery(), {
+      ack: async (result) => void acked.push(result),
+      deadLetter: async () => {},
+    });
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    await store.complete('a', held.token, { status: 200, headers: {}, body: Buffer.from('{"n":2}') }, 60_000);
+    expect(await settled).toBeUndefined();
+    expect(acked).toEqual([{ n: 2 }]);
+    expect(events.at(-1)).toBe('ack:replayed:0');
+    expect(events.slice(0, -1).every((e) => e === 'delay:in-progress:0')).toBe(true);
+    await store.close();
+  });
+
+  test('a held key past what the expiry allows, or once the worker stopped, is handed back to the broker', async () => {
+    const store = new MemoryStore();
+    await store.acquire('a', { fingerprint: 'x', lockTimeoutMs: 30_000 });
+    const runtime = consumerRuntime<Message>(() => {}, { store, inProgressDelay: 20 }, broker);
+    const verbs = { ack: async () => {}, deadLetter: async () => {} };
+    expect(
+      await runtime.settleInWorker({ id: 'a', body: 'x' }, delivery({ expiresAt: Date.now() + 10 }), verbs),
+    ).toEqual({ id: 'job-1', key: 'a', reason: 'in-progress' });
+    let stopped = false;
+    const settled = runtime.settleInWorker(
+      { id: 'a', body: 'x' },
+      delivery({ stopped: () => stopped }),
+      verbs,
+    );
+    stopped = true;
+    expect(await settled).toEqual({ id: 'job-1', key: 'a', reason: 'in-progress' });
+    await store.close();
+  });
+
+  test("a failure is handed back with the broker's delay (doubling with backoff, capped), the last attempt as dead-letter", async () => {
+    const events: { action: string; reason: string; failures: number; delayMs?: number }[] = [];
+    const error = new Error('boom');
+    const runtime = runtimeWith({
+      onSettled: ({ action, reason, failures, delayMs }) =>
+        void events.push({ action, reason, failures, ...(delayMs === undefined ? {} : { delayMs }) }),
+    });
+    const verbs = { ack: async () => {}, deadLetter: async () => {} };
+    const retries = { limit: 20, delayMs: 1000, backoff: true, maxDoublings: 3 };
+    for (const failuresBefore of [0, 1, 5, 20]) {
+      const handed = await consumerRuntime<Message>(
+        () => {
+          throw error;
+        },
+        // The broker counts attempts: the runtime's own limit is out of the way.
+        {
+          store: new MemoryStore(),
+          maxAttempts: Number.MAX_SAFE_INTEGER,
+          onSettled: (e) => runtime.report(e),
+        },
+        broker,
+      ).settleInWorker({ id: `f${failuresBefore}`, body: 'x' }, delivery({ failuresBefore, retries }), verbs);
+      expect(handed).toEqual({ id: 'job-1', key: `f${failuresBefore}`, reason: 'failed', error });
+    }
+    expect(events).toEqual([
+      { action: 'retry', reason: 'failed', failures: 1, delayMs: 1000 },
+      { action: 'retry', reason: 'failed', failures: 2, delayMs: 2000 },
+      { action: 'retry', reason: 'failed', failures: 6, delayMs: 8000 },
+      { action: 'dead-letter', reason: 'retries-exhausted', failures: 21 },
+    ]);
+  });
+
+  test('a verb that fails is tried again, so a done message is not failed; one that keeps failing is handed back', async () => {
+    const runtime = runtimeWith();
+    let calls = 0;
+    const blip = new Error('Connection terminated unexpectedly');
+    expect(
+      await runtime.settleInWorker({ id: 'v', body: 'x' }, delivery(), {
+        ack: async () => {
+          if (calls++ === 0) throw blip;
+        },
+        deadLetter: async () => {},
+      }),
+    ).toBeUndefined();
+    expect(calls).toBe(2);
+    const failing = await runtime.settleInWorker(
+      { id: 'w', body: 'x' },
+      delivery({ expiresAt: Date.now() + 50 }),
+      {
+        ack: () => Promise.reject(blip),
+        deadLetter: async () => {},
+      },
+    );
+    expect(failing).toEqual({ id: 'job-1', key: 'w', reason: 'settle-failed', error: blip });
   });
 });
 

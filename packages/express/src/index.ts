@@ -1,26 +1,19 @@
-import { IncomingMessage, ServerResponse } from 'node:http';
 import {
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
   type StoredResponse,
 } from '@oncely/core';
-import {
-  type CapturedResponse,
-  conflictingOptions,
-  type Execution,
-  type Registration,
-  refuseNested,
-  registrationOf,
-} from '@oncely/core/adapter';
-import type { NextFunction, Request, RequestHandler, Response } from 'express';
+import { conflictingOptions, type Registration, refuseNested, registrationOf } from '@oncely/core/adapter';
+import { closedByClient, ResponseCapture } from '@oncely/core/node';
+import type { ErrorRequestHandler, NextFunction, Request, RequestHandler, Response } from 'express';
 
 declare global {
   namespace Express {
     interface Request {
-      /** The Idempotency-Key this request runs under (unquoted), set while oncely covers the request. */
+      /** The Idempotency-Key this request runs under (unquoted), set on a request oncely covers. */
       idempotencyKey?: string;
-      /** The key and, in transactional mode, the transaction's database client; set while oncely covers the request. */
+      /** The key and, in transactional mode, the transaction's database client; set on a request oncely covers. */
       idempotency?: IdempotencyContext;
     }
   }
@@ -32,73 +25,35 @@ export type ExpressIdempotencyOptions = IdempotencyOptions<Request>;
 /** The scope the docs recommend for API keys: a keyed hash of a credential header (`@oncely/core`'s, re-exported). */
 export { type ScopeByHeaderOptions, scopeByHeader } from '@oncely/core';
 
-// Symbol.for, so that two copies of this package in one app still see each other's state. Copies of different
-// versions may meet (a duplicated dependency): the states map and the request accessors are shared by every version,
-// and what they rely on never changes (a response in the map is held by some copy, which every other copy leaves
-// alone; `state.context` is what the accessors read). Everything else carries the version of its shape, PROTOCOL:
-// a copy of another shape installs its own dispatch and Layer patch beside these and ignores states not its own.
-const PROTOCOL = 2;
-const kStates = Symbol.for('oncely.express.states');
-const kLayerPatched = Symbol.for(`oncely.express.layerPatched.v${PROTOCOL}`);
+// What a covered response carries, under a Symbol.for key so that two copies of this package in one app (a
+// duplicated dependency) see each other's requests. Its shape carries a version, PROTOCOL: a copy of another shape
+// leaves the request to the copy that took it.
+const PROTOCOL = 3;
+const kHeld = Symbol.for('oncely.express.held');
 
-interface RequestState {
-  /** The shape of this state and its capture (PROTOCOL of the copy that made it). */
-  readonly protocol: number;
-  execution: Execution;
-  /** What `req.idempotency` reads; its `key` is what `req.idempotencyKey` reads. Stable across versions. */
-  context: IdempotencyContext;
-  /** An error a later handler passed on (seen through the patched Layer): the key is released. */
-  error: unknown;
-  /** The error a handler passed to `next(err)`, as the Layer saw it: cleared if the router goes on without it. */
-  passedOn?: unknown;
-  /** The response's capture while it holds the body back; `undefined` once the response went its own way. */
-  capture: Capture | undefined;
-  /**
-   * The middleware that took the request, for another one nearer the route to compare its options with. Optional:
-   * a copy of this package from before it was added leaves it out (its requests are then left to it).
-   */
-  registration?: Registration<Request>;
-}
-
-/**
- * Covered requests' state, keyed by response, shared across copies of this package (below). A WeakMap rather than a
- * property: Express replaces the prototype of every request and response (`Object.setPrototypeOf`), after which V8
- * caches no hidden-class transitions for them, so each property added to one builds a new hidden class: 1.3–4.5 µs
- * each in `pnpm --filter @oncely/benchmarks micro:props`, and more again in garbage collection under load (the two
- * `req` properties alone took ~100 µs of server CPU per Express + Memory first execution on this 2-core machine).
- * So nothing is added to a covered request or response when it can be avoided: `req.idempotencyKey` and
- * `req.idempotency` are accessors on `IncomingMessage.prototype` that read this map, and `res.write`/`res.end`/
- * `res.writeHead` are dispatched from `ServerResponse.prototype` (see `installPrototypeHooks`). Both sit below every
- * Express copy's prototypes, so handlers of another Express copy or a sub-app go through them too; where something
- * shadows them (a middleware that wrapped `res.end`, a value set on `req` by hand) oncely falls back to own
- * properties on that one request.
- */
-// Kept on ServerResponse.prototype, which every copy of this package and every vm context (Jest runs each test file
-// in one) shares with Node's http module, as the dispatch installed there does: a map per copy would leave a later
-// copy's responses unseen by the dispatch the first copy installed.
-const statesHolder = ServerResponse.prototype as unknown as { [kStates]?: WeakMap<Response, RequestState> };
-if (statesHolder[kStates] === undefined)
-  Object.defineProperty(statesHolder, kStates, { value: new WeakMap<Response, RequestState>() });
-const states = statesHolder[kStates] as WeakMap<Response, RequestState>;
+type HeldResponse = Response & { [kHeld]?: Held; _implicitHeader?: () => void };
+type WriteCallback = (error?: Error | null) => void;
+type Chunk = string | Uint8Array;
+type AnyMethod = (this: Response, ...args: unknown[]) => unknown;
 
 /**
  * Express middleware (Express 4 and 5): `app.use(idempotency())` covers every POST/PUT/PATCH; on one route,
  * `app.post('/charges', idempotency({ required: true }), handler)`. Options are checked here, once.
  * When two oncely middlewares meet one request (app-wide and route-level), the first that takes it handles it;
  * the second leaves it to the first if the options it sets agree with the first's, and refuses it otherwise
- * (see `stepAsideOrRefuse`).
+ * (see `stepAsideOrRefuse`). Only the requests it covers are touched: their `res.write`, `res.end` and
+ * `res.writeHead` are wrapped on that response alone, as `compression` does.
  */
 export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHandler {
   const engine = new Idempotency<Request>(options);
   const registration = registrationOf(engine, options, idempotency, 'idempotency()');
-  const hooks = installPrototypeHooks();
 
   return function idempotencyMiddleware(req: Request, res: Response, next: NextFunction): void {
     if (!engine.covers(req.method)) {
       next();
       return;
     }
-    const taken = states.get(res);
+    const taken = (res as HeldResponse)[kHeld];
     if (taken !== undefined) {
       stepAsideOrRefuse(taken, registration, res, next);
       return;
@@ -129,41 +84,11 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
         const { execution } = decision;
         execution.headersBeforeHandler(res.getHeaders());
         const context: IdempotencyContext = { key: execution.clientKey, db: execution.db };
-        const state: RequestState = {
-          protocol: PROTOCOL,
-          execution,
-          context,
-          error: undefined,
-          passedOn: undefined,
-          capture: undefined,
-          registration,
-        };
-        states.set(res, state);
-        // The accessors on IncomingMessage.prototype read the state through `req.res`; anything else gets properties.
-        if (req.res !== res || !(req instanceof IncomingMessage) || shadowsAccessors(req)) {
-          req.idempotencyKey = execution.clientKey;
-          req.idempotency = context;
-        }
-        patchLayer(req);
-        state.capture = new Capture(res, state, hooks);
-        // A response that closes without passing through our end: Express destroys the socket when a handler fails
-        // after streaming began (release the noted error), the handler destroyed it with an error (released), or
-        // something sent it around oncely (Node's methods
-        // called on it directly): recorded as executed without a body. Without either, the handler may still be
-        // running (the client merely left): the lease stays.
-        res.on('close', () => {
-          if (state.error !== undefined) void execution.fail(state.error);
-          // The handler destroyed the response with an error (a failed `pipeline(source, res)`): it is done, and it
-          // failed. A client that merely left leaves `errored` null.
-          else if (res.errored) void execution.fail(res.errored);
-          else if (res.writableFinished && state.capture?.ended === false)
-            void execution.complete({ status: res.statusCode, headers: res.getHeaders(), body: undefined });
-          // The connection closed before the response ended: the client left, and a pipe into the response
-          // stopped with it (`readable.pipe(res)`, `res.sendFile`), so no end() may ever come.
-          else if (!res.writableFinished) state.capture?.closedEarly();
-        });
-        // A stream piped into the response is an answer begun, though the close may leave it without a byte written.
-        res.once('pipe', () => state.capture?.piped());
+        toDictionaryMode(req);
+        toDictionaryMode(res);
+        req.idempotencyKey = execution.clientKey;
+        req.idempotency = context;
+        new Held(res as HeldResponse, new ResponseCapture(execution, res), context, registration);
         next();
       })
       .catch((error: unknown) => {
@@ -178,6 +103,21 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
   };
 }
 
+/**
+ * An error-handling middleware that shows oncely the errors handlers pass to `next(err)` (or throw), so the key is
+ * released whatever status the app's error handler then answers (a 4xx included). Mount it after the routes and
+ * before the app's own error handlers: `app.use(idempotency.errors())`. Without it, the status decides: an error
+ * answered with a 5xx releases the key (Express's default error handler answers 500), one answered with a status
+ * `cacheable` accepts is stored like any answer. It passes every error on unchanged.
+ */
+function errors(): ErrorRequestHandler {
+  return function idempotencyErrors(error: unknown, _req: Request, res: Response, next: NextFunction): void {
+    noteHandlerError(res, error);
+    next(error);
+  };
+}
+idempotency.errors = errors;
+
 export default idempotency;
 
 /**
@@ -189,14 +129,14 @@ export default idempotency;
  * wrong: the request is refused with a 500 naming both, and the outer one's key is released as the response ends.
  */
 function stepAsideOrRefuse(
-  taken: RequestState,
+  taken: Held,
   registration: Registration<Request>,
   res: Response,
   next: NextFunction,
 ): void {
   const outer = taken.registration;
-  // Taken by this very middleware (mounted twice), or by a copy that does not say how: left to it.
-  if (outer === undefined || outer === registration || taken.protocol !== PROTOCOL) {
+  // Taken by this very middleware (mounted twice), or by a copy of another shape: left to it.
+  if (outer === registration || taken.protocol !== PROTOCOL) {
     next();
     return;
   }
@@ -207,10 +147,9 @@ function stepAsideOrRefuse(
   }
   const refusal = refuseNested(outer as Registration<never>, registration as Registration<never>, names);
   // Sent through the outer one's capture, which releases its key rather than store this answer.
-  if (taken.error === undefined) taken.error = refusal.error;
+  if (taken.noted === undefined) taken.noted = refusal.error;
   send(res, refusal.response);
 }
-
 /**
  * The body a parser left on `req.body`, or `undefined` when none parsed it. Express 4's parsers (body-parser 1)
  * set `req.body = {}` even for a request they skip (another content type, a parser mounted only on the route), and
@@ -249,10 +188,10 @@ function hasBody(headers: Request['headers']): boolean {
  * released when that response ends, instead of the response being stored. Returns whether oncely covers `res`.
  */
 export function noteHandlerError(res: Response, error: unknown): boolean {
-  const state = ownState(res);
-  if (state === undefined) return false;
+  const held = ownHeld(res);
+  if (held === undefined) return false;
   // An `undefined` thrown would not read as an error: note one.
-  if (state.error === undefined) state.error = error ?? new Error('the handler failed');
+  if (held.noted === undefined) held.noted = error ?? new Error('the handler failed');
   return true;
 }
 
@@ -263,31 +202,16 @@ export function noteHandlerError(res: Response, error: unknown): boolean {
  * whether oncely covers `res`.
  */
 export function noteHandlerAbandoned(res: Response): boolean {
-  const state = ownState(res);
-  if (state === undefined) return false;
-  if (state.capture?.ended !== true) state.execution.abandon();
+  const held = ownHeld(res);
+  if (held === undefined) return false;
+  if (!held.ended) held.capture.execution.abandon();
   return true;
 }
 
-/** The state of a response this version covers (a copy of another shape may hold it: that one is left alone). */
-function ownState(res: Response): RequestState | undefined {
-  const state = states.get(res);
-  return state?.protocol === PROTOCOL ? state : undefined;
-}
-
-/**
- * Whether something between a request and IncomingMessage.prototype (the request itself, an app's or Express's
- * request prototype) has its own `idempotencyKey` or `idempotency`, which would hide the accessors.
- */
-function shadowsAccessors(req: Request): boolean {
-  for (
-    let o: object | null = req;
-    o !== null && o !== IncomingMessage.prototype;
-    o = Object.getPrototypeOf(o)
-  ) {
-    if (Object.hasOwn(o, 'idempotencyKey') || Object.hasOwn(o, 'idempotency')) return true;
-  }
-  return false;
+/** What a response this version covers carries (a copy of another shape may hold it: that one is left alone). */
+function ownHeld(res: Response): Held | undefined {
+  const held = (res as HeldResponse)[kHeld];
+  return held?.protocol === PROTOCOL ? held : undefined;
 }
 
 function send(res: Response, response: StoredResponse): void {
@@ -296,160 +220,127 @@ function send(res: Response, response: StoredResponse): void {
   res.end(Buffer.from(response.body.buffer, response.body.byteOffset, response.body.byteLength));
 }
 
-type WriteCallback = (error?: Error | null) => void;
-type Chunk = string | Uint8Array;
-type Method = 'write' | 'end' | 'writeHead';
-type AnyMethod = (this: Response, ...args: unknown[]) => unknown;
-const METHODS: readonly Method[] = ['write', 'end', 'writeHead'];
-
-function toBuffer(chunk: Chunk, encoding: unknown): Buffer {
-  if (typeof chunk === 'string')
-    return Buffer.from(chunk, typeof encoding === 'string' ? (encoding as BufferEncoding) : 'utf8');
-  return Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
-}
-
 /**
- * Holds back what the handler writes — through res.json, res.send, res.write/res.end, writeHead or a pipe — until
- * the response has been stored, so that a client that got the response always finds it replayable. A body that
- * outgrows maxBodyBytes stops being held: it streams through, and the record keeps only its status (in
- * transactional mode all of it is held, since nothing may be sent before the commit).
- *
- * A middleware mounted before oncely that wrapped one of these methods (compression, on-headers) is wrapped in
- * turn, so what the handler writes is captured before that middleware transforms it, as it was mounted to do.
+ * One covered response: holds back what the handler writes — through res.json, res.send, res.write/res.end,
+ * writeHead or a pipe — until the response has been stored, so that a client that got the response always finds it
+ * replayable (the body and the decisions about it are `@oncely/core/node`'s `ResponseCapture`). It wraps
+ * `write`, `end`, `writeHead` and `_implicitHeader` on this response only, as own properties; a middleware mounted
+ * before oncely that wrapped one of them (compression, on-headers) is wrapped in turn, so what the handler writes
+ * is captured before that middleware transforms it, as it was mounted to do. `_implicitHeader` is what Node's own
+ * `write` and `end` call to send the head: a library calling them directly (`ServerResponse.prototype.end.call`)
+ * sends the response around the capture, which is then recorded as executed rather than left headless.
  */
-class Capture {
+class Held {
+  readonly protocol = PROTOCOL;
+  readonly capture: ResponseCapture;
+  readonly context: IdempotencyContext;
+  /** The middleware that took the request, for another one nearer the route to compare its options with. */
+  readonly registration: Registration<Request>;
+  /** An error noted for this request (`idempotency.errors()`, `noteHandlerError`, a refusal): the key is released. */
+  noted: unknown = undefined;
+  /** The handler called `end()`. */
   ended = false;
-  readonly #res: Response;
-  readonly #state: RequestState;
-  /** The methods writes go on to when they are not held (what `res.write` etc. were before this capture). */
-  readonly #original: Record<Method, AnyMethod>;
-  readonly #chunks: Buffer[] = [];
-  readonly #callbacks: WriteCallback[] = [];
-  #size = 0;
-  #passThrough = false;
-  #active = true;
-  /** The handler began its answer (wrote to it, or its head): what its early end is recorded as. */
-  #begun = false;
-  /** A stream was piped into the response: the answer began, whether or not a chunk of it was written. */
-  #piped = false;
-  /** The connection closed before the response ended. */
-  #closed = false;
+  /** Calls are held here; false once the response went its own way. */
+  active = true;
+  readonly #res: HeldResponse;
+  readonly #write: AnyMethod;
+  readonly #end: AnyMethod;
+  readonly #writeHead: AnyMethod;
+  readonly #implicitHeader: AnyMethod;
+  #callbacks: WriteCallback[] | undefined;
 
-  constructor(res: Response, state: RequestState, hooks: ResponseHooks) {
+  constructor(
+    res: HeldResponse,
+    capture: ResponseCapture,
+    context: IdempotencyContext,
+    registration: Registration<Request>,
+  ) {
     this.#res = res;
-    this.#state = state;
-    const r = res as unknown as Record<Method, AnyMethod>;
-    // The usual case: nothing shadows ServerResponse.prototype's dispatch, which finds this capture in `states`.
-    if (
-      r.write === hooks.dispatch.write &&
-      r.end === hooks.dispatch.end &&
-      r.writeHead === hooks.dispatch.writeHead
-    ) {
-      this.#original = hooks.original;
-      return;
-    }
-    this.#original = { write: r.write, end: r.end, writeHead: r.writeHead };
-    for (const method of METHODS) {
-      const capture = this;
-      r[method] = function captured(this: Response, ...args: unknown[]): unknown {
-        return capture.intercepts(method)
-          ? capture[method](this, args)
-          : capture.#original[method].apply(this, args);
-      };
-    }
+    this.capture = capture;
+    this.context = context;
+    this.registration = registration;
+    const r = res as unknown as Record<string, AnyMethod> & { [kHeld]?: Held; _maxListeners?: unknown };
+    this.#write = r.write as AnyMethod;
+    this.#end = r.end as AnyMethod;
+    this.#writeHead = r.writeHead as AnyMethod;
+    this.#implicitHeader = r._implicitHeader as AnyMethod;
+    r[kHeld] = this;
+    r.write = heldWrite as AnyMethod;
+    r.end = heldEnd as AnyMethod;
+    r.writeHead = heldWriteHead as AnyMethod;
+    r._implicitHeader = heldImplicitHeader as AnyMethod;
+    res.on('close', onClose);
+    res.on('pipe', onPipe);
   }
 
-  /** Whether a call to this method is held here (rather than passed on to the original). */
-  intercepts(method: Method): boolean {
-    return this.#active && !(this.#passThrough && method !== 'end');
+  /** Whether a call of `write`/`writeHead` is held here (`end` is, also while the body streams through). */
+  holds(): boolean {
+    return this.active && !this.capture.streaming;
   }
 
-  /**
-   * Ends the capture: every method goes straight to the original again. The wrappers stay on the response (each
-   * store to it costs, see `states`); they only pass calls on from here.
-   */
-  #stop(): void {
-    this.#active = false;
+  call(method: 'write' | 'end' | 'writeHead' | 'implicitHeader', ...args: unknown[]): unknown {
+    const original =
+      method === 'write'
+        ? this.#write
+        : method === 'end'
+          ? this.#end
+          : method === 'writeHead'
+            ? this.#writeHead
+            : this.#implicitHeader;
+    return original.apply(this.#res, args);
   }
 
-  #call(method: Method, ...args: unknown[]): unknown {
-    return this.#original[method].apply(this.#res, args);
-  }
-
-  // Resolves to a response to send instead of the handler's (a failed transactional commit), if any.
-  async #settle(captured: CapturedResponse): Promise<StoredResponse | undefined> {
-    const { execution, error } = this.#state;
-    if (error === undefined) return execution.complete(captured);
-    await execution.fail(error);
-    return undefined;
-  }
-
-  /**
-   * The connection closed before the response ended (see the 'close' listener). An answer the handler had begun
-   * cannot be completed any more (a pipe into the response stops with it): recorded as executed now, by the engine.
-   * One it had not begun may still come, the handler running on; the first write to it decides then.
-   */
-  closedEarly(): void {
-    if (this.ended || !this.#active) return;
-    this.#closed = true;
-    if (this.#begun || this.#piped) this.#endedEarly();
-  }
-
-  /**
-   * A stream was piped into the response (`readable.pipe(res)`, `res.sendFile`, Nest's `StreamableFile`): the
-   * answer began. Its source stops with the connection (`send`, Nest destroy it), maybe before writing anything, so
-   * a close before or after the pipe ends the response early all the same.
-   */
-  piped(): void {
-    if (this.ended || !this.#active) return;
-    this.#piped = true;
-    if (this.#closed) this.#endedEarly();
-  }
-
-  #endedEarly(): void {
-    this.#stop();
-    this.#chunks.length = 0;
-    void this.#state.execution.endedEarly(this.#res.statusCode, this.#res.getHeaders());
-  }
-
-  /** Marks the answer begun; false when the connection is closed already, and the call goes on to Node. */
-  #begin(): boolean {
-    this.#begun = true;
-    if (!this.#closed) return true;
-    this.#endedEarly();
+  /** Marks the answer begun; false when the client had left already (recorded as executed): pass the call on. */
+  begin(): boolean {
+    if (this.capture.began()) return true;
+    this.active = false;
     return false;
   }
 
-  // Too big to keep: send what we hold and let the rest through untouched; `end` stays captured to settle.
-  #startPassThrough(): void {
-    this.#passThrough = true;
-    for (const chunk of this.#chunks) this.#call('write', chunk);
-    this.#chunks.length = 0;
+  /**
+   * The head goes out around the capture (Node's own methods called on the response, or its head sent before):
+   * what is held goes first, and the request is recorded as executed.
+   */
+  wentAround(): void {
+    this.active = false;
+    const held = this.capture.drain();
+    if (!this.#res.headersSent) {
+      // Node's end may have sized the head for its own chunk alone: what is held goes with it, so no length.
+      if (held.length > 0) (this.#res as { _contentLength?: unknown })._contentLength = null;
+      this.call('implicitHeader');
+    }
+    for (const chunk of held) this.call('write', chunk);
+    this.capture.wentAround();
   }
 
-  writeHead(res: Response, args: unknown[]): Response {
-    const status = nodeStatus(args[0]);
-    if (!this.#begin()) return this.#call('writeHead', ...args) as Response;
-    res.statusCode = status;
-    let headers = args[1];
-    if (typeof headers === 'string') {
-      res.statusMessage = headers;
-      headers = args[2];
+  writeHead(status: unknown, message: unknown, headers: unknown): Response {
+    const res = this.#res;
+    if (!this.holds()) return this.call('writeHead', status, message, headers) as Response;
+    const code = nodeStatus(status);
+    if (res.headersSent) {
+      this.wentAround();
+      return this.call('writeHead', status, message, headers) as Response;
     }
-    if (Array.isArray(headers)) {
+    if (!this.begin()) return this.call('writeHead', status, message, headers) as Response;
+    res.statusCode = code;
+    let fields = headers;
+    if (typeof message === 'string') res.statusMessage = message;
+    else fields = message;
+    if (Array.isArray(fields)) {
       // Raw header list: [name, value, name, value, ...] or [[name, value], ...].
-      const flat = Array.isArray(headers[0]) ? headers.flat() : headers;
+      const flat = Array.isArray(fields[0]) ? fields.flat() : fields;
       for (let i = 0; i + 1 < flat.length; i += 2) res.setHeader(String(flat[i]), flat[i + 1] as string);
-    } else if (headers !== null && typeof headers === 'object') {
-      for (const [name, value] of Object.entries(headers))
+    } else if (fields !== null && typeof fields === 'object') {
+      for (const [name, value] of Object.entries(fields))
         if (value !== undefined) res.setHeader(name, value as string);
     }
     return res;
   }
 
-  write(res: Response, args: unknown[]): boolean {
-    const [chunk, encoding] = args;
-    const cb = typeof encoding === 'function' ? encoding : args[2];
+  write(chunk: unknown, encoding: unknown, callback: unknown): boolean {
+    const res = this.#res;
+    if (!this.holds()) return this.call('write', chunk, encoding, callback) as boolean;
+    const cb = typeof encoding === 'function' ? encoding : callback;
     if (this.ended) {
       // Node checks the chunk before it looks at the state.
       if (chunk === null)
@@ -463,23 +354,29 @@ class Capture {
       }
       return writeAfterEnd(res, cb);
     }
+    if (res.headersSent) {
+      this.wentAround();
+      return this.call('write', chunk, encoding, callback) as boolean;
+    }
     // Node checks the status when the first write sends the head.
-    if (!this.#begun) res.statusCode = nodeStatus(res.statusCode);
-    if (!this.#begin()) return this.#call('write', ...args) as boolean;
-    const buffer = toBuffer(chunk as Chunk, encoding);
-    this.#chunks.push(buffer);
-    this.#size += buffer.byteLength;
+    res.statusCode = nodeStatus(res.statusCode);
+    if (!this.begin()) return this.call('write', chunk, encoding, callback) as boolean;
+    const held = this.capture.hold(chunk as Chunk, bufferEncoding(encoding));
     // The chunk is accepted into memory: say so now, or a handler awaiting its write callback would never resume.
     if (typeof cb === 'function') process.nextTick(cb as WriteCallback);
-    if (this.#size > this.#state.execution.bufferLimit) this.#startPassThrough();
+    // Too big to keep: send what is held and let the rest through untouched; `end` stays held to settle.
+    if (!held) for (const buffer of this.capture.drain()) this.call('write', buffer);
     return true;
   }
 
-  end(res: Response, args: unknown[]): Response {
-    let [chunk, encoding, cb] = args;
+  end(chunk: unknown, encoding: unknown, callback: unknown): Response {
+    const res = this.#res;
+    if (!this.active) return this.call('end', chunk, encoding, callback) as Response;
+    let cb = callback;
     if (typeof chunk === 'function') {
       cb = chunk;
       chunk = undefined;
+      encoding = undefined;
     } else if (typeof encoding === 'function') {
       cb = encoding;
       encoding = undefined;
@@ -488,52 +385,38 @@ class Capture {
       // As Node does after an end(): with a chunk it is a write after end; without, the callback waits for the
       // response to finish (it has not: it is held).
       if (chunk) writeAfterEnd(res, cb);
-      else if (typeof cb === 'function') this.#callbacks.push(cb as WriteCallback);
+      else if (typeof cb === 'function') this.#onFinish(cb as WriteCallback);
       return res;
+    }
+    if (res.headersSent && !this.capture.streaming) {
+      this.wentAround();
+      return this.call('end', chunk, encoding, cb) as Response;
     }
     // As Node's end() does when it sends the head: an invalid status throws here, to the handler (whose framework
     // answers the error), before anything is held.
-    if (!this.#begun) res.statusCode = nodeStatus(res.statusCode);
+    res.statusCode = nodeStatus(res.statusCode);
     this.ended = true;
-    if (chunk !== undefined && chunk !== null) {
-      const buffer = toBuffer(chunk as Chunk, encoding);
-      this.#chunks.push(buffer);
-      this.#size += buffer.byteLength;
-    }
-    if (typeof cb === 'function') this.#callbacks.push(cb as WriteCallback);
-    const callbacks = this.#callbacks;
-    // Only when someone waits: a callback on Node's end costs a 'finish' listener. Read when the response goes
-    // out, since a second end() while the store is asked may add one.
-    const finished = (): (() => void) | undefined =>
-      callbacks.length === 0
-        ? undefined
-        : (): void => {
-            for (const callback of callbacks) callback();
-          };
-    const execution = this.#state.execution;
-    if (this.#size > execution.bufferLimit) {
-      // Kept as executed with its status only (its replay is a 410); the body streams through now.
-      if (!this.#passThrough) this.#startPassThrough();
-      else for (const extra of this.#chunks) this.#call('write', extra);
-      this.#stop();
-      const headers = res.getHeaders();
-      const done = finished();
-      if (done === undefined) this.#call('end');
-      else this.#call('end', done);
-      void this.#settle({ status: res.statusCode, headers, body: undefined }).catch((error: unknown) =>
-        this.#sendFailed(error),
-      );
+    if (typeof cb === 'function') this.#onFinish(cb as WriteCallback);
+    const capture = this.capture;
+    const hasChunk = chunk !== undefined && chunk !== null;
+    if (capture.streaming) {
+      // Over the limit before the end: the last chunk goes through too; kept as executed with its status only.
+      this.#sendAndSettle(hasChunk ? [chunk as Chunk] : [], encoding);
       return res;
     }
-    const chunks = this.#chunks;
-    const body = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, this.#size);
-    const stored = this.#size <= execution.maxBodyBytes ? body : undefined;
+    if (hasChunk && !capture.hold(chunk as Chunk, bufferEncoding(encoding))) {
+      this.#sendAndSettle(capture.drain(), undefined);
+      return res;
+    }
+    const body = capture.body();
     const status = res.statusCode;
     const headers = res.getHeaders();
-    void this.#settle({ status, headers, body: stored })
+    const settled =
+      this.noted === undefined ? capture.finished(status, headers, body) : capture.failed(this.noted);
+    void settled
       .then((replacement) => {
-        this.#stop();
-        const done = finished();
+        this.active = false;
+        const done = this.#finished();
         if (replacement === undefined) {
           // While the store was asked, headersSent still read false: code running after the handler's answer (a
           // late error handler, say) may have changed status or headers. Send exactly what was stored.
@@ -542,8 +425,8 @@ class Capture {
             for (const name of res.getHeaderNames()) if (!(name in headers)) res.removeHeader(name);
             for (const name in headers) res.setHeader(name, headers[name] as string | string[] | number);
           }
-          if (done === undefined) this.#call('end', body);
-          else this.#call('end', body, done);
+          if (done === undefined) this.call('end', body);
+          else this.call('end', body, done);
           return;
         }
         for (const name of res.getHeaderNames()) res.removeHeader(name);
@@ -554,12 +437,117 @@ class Capture {
     return res;
   }
 
+  /** The body went over the limit: what is left goes out now and the record keeps the status only. */
+  #sendAndSettle(chunks: Chunk[], encoding: unknown): void {
+    const res = this.#res;
+    this.active = false;
+    for (const chunk of chunks) this.call('write', chunk, encoding);
+    const status = res.statusCode;
+    const headers = res.getHeaders();
+    const done = this.#finished();
+    if (done === undefined) this.call('end');
+    else this.call('end', done);
+    const capture = this.capture;
+    void (
+      this.noted === undefined ? capture.finished(status, headers, undefined) : capture.failed(this.noted)
+    )
+      .then(() => undefined)
+      .catch((error: unknown) => this.#sendFailed(error));
+  }
+
+  #onFinish(callback: WriteCallback): void {
+    if (this.#callbacks === undefined) this.#callbacks = [callback];
+    else this.#callbacks.push(callback);
+  }
+
+  /** The end callbacks, as one callback for Node's end (a callback there costs a 'finish' listener: only if any). */
+  #finished(): (() => void) | undefined {
+    const callbacks = this.#callbacks;
+    if (callbacks === undefined) return undefined;
+    return (): void => {
+      for (const callback of callbacks) callback();
+    };
+  }
+
   /** Sending the held answer threw: close the connection (a client must not wait for ever) and settle. */
   #sendFailed(error: unknown): void {
-    this.#stop();
+    this.active = false;
     this.#res.destroy();
-    void this.#state.execution.sendFailed(error);
+    void this.capture.sendFailed(error);
   }
+
+  /**
+   * The response closed. Before it finished: the handler destroyed it with an error, or this server closed the
+   * connection (Express does when a handler fails after its response began to stream), which is a failure and
+   * releases the key; or the client left, which the capture decides on. Finished without our end: it was sent
+   * around oncely, recorded as executed.
+   */
+  closed(): void {
+    const res = this.#res;
+    const capture = this.capture;
+    if (capture.decided) return;
+    if (this.noted !== undefined && !this.ended) void capture.failed(this.noted);
+    else if (res.errored) void capture.failed(res.errored);
+    else if (res.writableFinished) {
+      if (!this.ended) capture.wentAround();
+    } else if (!this.ended || capture.streaming) {
+      if (closedByClient(res.req.socket)) capture.clientLeft();
+      else void capture.failed(new Error('the connection was closed before the response ended'));
+    }
+    if (capture.decided) this.active = false;
+  }
+
+  /** A stream was piped into the response (`readable.pipe(res)`, `res.sendFile`): the answer began. */
+  piped(): void {
+    if (this.holds() && !this.ended) this.begin();
+  }
+}
+
+function heldOf(res: HeldResponse): Held {
+  return res[kHeld] as Held;
+}
+
+// Shared by every covered response (`this` is the response): no closure per request.
+function heldWrite(this: HeldResponse, chunk: unknown, encoding?: unknown, callback?: unknown): boolean {
+  return heldOf(this).write(chunk, encoding, callback);
+}
+function heldEnd(this: HeldResponse, chunk?: unknown, encoding?: unknown, callback?: unknown): Response {
+  return heldOf(this).end(chunk, encoding, callback);
+}
+function heldWriteHead(this: HeldResponse, status: unknown, message?: unknown, headers?: unknown): Response {
+  return heldOf(this).writeHead(status, message, headers);
+}
+function heldImplicitHeader(this: HeldResponse): unknown {
+  const held = heldOf(this);
+  // Node's own write or end is sending the head, and not on our behalf: the response goes around the capture.
+  if (held.holds()) {
+    held.wentAround();
+    return undefined;
+  }
+  return held.call('implicitHeader');
+}
+function onClose(this: HeldResponse): void {
+  heldOf(this).closed();
+}
+function onPipe(this: HeldResponse): void {
+  heldOf(this).piped();
+}
+
+/**
+ * Express replaces the prototype of every request and response (`Object.setPrototypeOf`), after which V8 caches no
+ * hidden-class transitions for them: each property then added to one (oncely's, and those Express's router adds
+ * after this middleware) builds a new hidden class. Deleting a property that was not the last one added turns the
+ * object into a dictionary once, where adding one is a plain hash insert (docs/benchmarks.md has the measurements).
+ * `_maxListeners` is such a property (EventEmitter's constructor sets it to `undefined`, as its prototype holds it),
+ * so the emitter reads the same afterwards.
+ */
+function toDictionaryMode(emitter: object): void {
+  const e = emitter as { _maxListeners?: unknown };
+  if (Object.hasOwn(e, '_maxListeners') && e._maxListeners === undefined) delete e._maxListeners;
+}
+
+function bufferEncoding(encoding: unknown): BufferEncoding | undefined {
+  return typeof encoding === 'string' ? (encoding as BufferEncoding) : undefined;
 }
 
 /**
@@ -609,157 +597,4 @@ function sameHeaders(
   }
   for (const name in before) if (name !== '') count--;
   return count === 0;
-}
-
-interface ResponseHooks {
-  /** ServerResponse's own methods, as they were before oncely. */
-  readonly original: Readonly<Record<Method, AnyMethod>>;
-  /** What oncely put on ServerResponse.prototype in their place. */
-  readonly dispatch: Readonly<Record<Method, AnyMethod>>;
-}
-const kResponseHooks = Symbol.for(`oncely.express.responseHooks.v${PROTOCOL}`);
-const kRequestAccessors = Symbol.for('oncely.express.requestAccessors');
-
-/**
- * Installs, once per process (shared by every copy of this package through `Symbol.for`), what lets oncely cover a
- * request without adding properties to it (see `states`): `write`, `end` and `writeHead` on
- * `ServerResponse.prototype` that hand a covered response's calls to its capture and pass every other call straight
- * to Node's own method (one WeakMap lookup), and the `req.idempotencyKey` / `req.idempotency` accessors on
- * `IncomingMessage.prototype` (a value assigned to either becomes the request's own property, as before).
- */
-function installPrototypeHooks(): ResponseHooks {
-  const responsePrototype = ServerResponse.prototype as unknown as Record<Method, AnyMethod> & {
-    [kResponseHooks]?: ResponseHooks;
-  };
-  let hooks = responsePrototype[kResponseHooks];
-  if (hooks === undefined) {
-    const original = {
-      write: inheritedOr(responsePrototype, 'write'),
-      end: inheritedOr(responsePrototype, 'end'),
-      writeHead: inheritedOr(responsePrototype, 'writeHead'),
-    };
-    const dispatch = {
-      write: function write(this: Response, ...args: unknown[]): unknown {
-        const capture = ownState(this)?.capture;
-        return capture?.intercepts('write') ? capture.write(this, args) : original.write.apply(this, args);
-      },
-      end: function end(this: Response, ...args: unknown[]): unknown {
-        const capture = ownState(this)?.capture;
-        return capture?.intercepts('end') ? capture.end(this, args) : original.end.apply(this, args);
-      },
-      writeHead: function writeHead(this: Response, ...args: unknown[]): unknown {
-        const capture = ownState(this)?.capture;
-        return capture?.intercepts('writeHead')
-          ? capture.writeHead(this, args)
-          : original.writeHead.apply(this, args);
-      },
-    };
-    hooks = { original, dispatch };
-    Object.defineProperty(responsePrototype, kResponseHooks, { value: hooks });
-    for (const method of METHODS)
-      Object.defineProperty(responsePrototype, method, {
-        value: dispatch[method],
-        writable: true,
-        configurable: true,
-        enumerable: false,
-      });
-  }
-
-  const requestPrototype = IncomingMessage.prototype as IncomingMessage & { [kRequestAccessors]?: true };
-  if (requestPrototype[kRequestAccessors] !== true) {
-    Object.defineProperty(requestPrototype, kRequestAccessors, { value: true });
-    const accessor = (name: 'idempotencyKey' | 'idempotency', read: (state: RequestState) => unknown) => ({
-      configurable: true,
-      enumerable: false,
-      get(this: IncomingMessage & { res?: Response }): unknown {
-        const state = this.res === undefined ? undefined : states.get(this.res);
-        return state === undefined ? undefined : read(state);
-      },
-      set(this: IncomingMessage, value: unknown): void {
-        Object.defineProperty(this, name, { value, writable: true, configurable: true, enumerable: true });
-      },
-    });
-    Object.defineProperty(
-      requestPrototype,
-      'idempotencyKey',
-      accessor('idempotencyKey', (state) => state.context.key),
-    );
-    Object.defineProperty(
-      requestPrototype,
-      'idempotency',
-      accessor('idempotency', (state) => state.context),
-    );
-  }
-  return hooks;
-}
-
-/**
- * What the dispatch passes a call on to: ServerResponse.prototype's own method when it has one (`writeHead`; or
- * whatever an earlier instrumentation put there), else its parent's method looked up at each call (`write` and
- * `end` live on OutgoingMessage.prototype), so that what an APM or a test library puts there later still runs for
- * every response, covered or not.
- */
-function inheritedOr(prototype: Record<Method, AnyMethod>, method: Method): AnyMethod {
-  if (Object.hasOwn(prototype, method)) return prototype[method];
-  const parent = Object.getPrototypeOf(prototype) as Record<Method, AnyMethod>;
-  return function inherited(this: Response, ...args: unknown[]): unknown {
-    return parent[method].apply(this, args);
-  };
-}
-
-interface LayerPrototype {
-  handle_request?: LayerHandle;
-  handleRequest?: LayerHandle;
-  [kLayerPatched]?: true;
-}
-type LayerHandle = (this: unknown, req: Request, res: Response, next: NextFunction) => unknown;
-
-/**
- * Express gives middleware no way to see an error that a later handler throws or passes to `next(err)`: the router
- * carries it straight to error handlers. To release the key on such an error, whatever status the app's error
- * handler then answers, we wrap the router's Layer request method once (Express 4: `handle_request`, Express 5:
- * `handleRequest`) so the `next` it hands each handler notes errors on requests oncely covers. Requests oncely
- * does not cover pass through untouched.
- */
-function patchLayer(req: Request): void {
-  // `req.app` is missing when a Router is mounted on a plain http server: nothing to patch there.
-  const app = req.app as unknown as
-    | { _router?: { stack?: object[] }; router?: { stack?: object[] } }
-    | undefined;
-  const stack = app?._router?.stack ?? app?.router?.stack;
-  const layer = stack?.[0];
-  if (layer === undefined) return;
-  const proto = Object.getPrototypeOf(layer) as LayerPrototype;
-  if (proto[kLayerPatched]) return;
-  proto[kLayerPatched] = true;
-  for (const method of ['handle_request', 'handleRequest'] as const) {
-    const original = proto[method];
-    if (typeof original !== 'function') continue;
-    proto[method] = function handleRequestObserved(
-      this: unknown,
-      req: Request,
-      res: Response,
-      next: NextFunction,
-    ) {
-      const state = ownState(res);
-      if (state === undefined) return original.call(this, req, res, next);
-      // The router runs a request handler only while no error is pending: one passed on before was recovered from
-      // (an error handler called `next()` without it), so the answer that follows is stored like any other.
-      if (state.passedOn !== undefined && state.error === state.passedOn)
-        state.error = state.passedOn = undefined;
-      const observed = ((error?: unknown) => {
-        if (
-          error !== undefined &&
-          error !== null &&
-          error !== 'route' &&
-          error !== 'router' &&
-          state.error === undefined
-        ) {
-          state.error = state.passedOn = error;
-        }
-        return next(error as Error);
-      }) as NextFunction;
-      return original.call(this, req, res, observed);
-    };
-  }
 }

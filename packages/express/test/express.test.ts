@@ -1,4 +1,4 @@
-import { createServer, OutgoingMessage, ServerResponse } from 'node:http';
+import { createServer, IncomingMessage, OutgoingMessage, ServerResponse } from 'node:http';
 import { Readable } from 'node:stream';
 import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
 import { brokenStore, gatedStore, recordingLogger } from '@oncely/testing';
@@ -9,8 +9,11 @@ import morgan from 'morgan';
 import request from 'supertest';
 import idempotencyDefault, { idempotency, scopeByHeader } from '../src';
 
-type NodeMethods = {
-  original: Record<'writeHead' | 'end', (this: ServerResponse, ...args: unknown[]) => unknown>;
+// Node's own methods as this file found them: oncely must leave them as they are.
+const pristine = {
+  write: ServerResponse.prototype.write,
+  end: ServerResponse.prototype.end,
+  writeHead: ServerResponse.prototype.writeHead,
 };
 
 const versions = [
@@ -36,6 +39,52 @@ describe.each(versions)('%s specifics', (_name, expressModule) => {
     expect(replay.status).toBe(201);
     expect(replay.headers['idempotent-replayed']).toBe('true');
     expect(runs).toBe(1);
+  });
+
+  test('an error passed on: a 5xx answer releases the key; a 4xx one too with idempotency.errors(), else it is stored', async () => {
+    const make = (observe: boolean) => {
+      const app = expressModule();
+      app.use(expressModule.json());
+      app.use(idempotency());
+      let runs = 0;
+      app.post('/fails', (req, _res, next) => {
+        runs++;
+        next(Object.assign(new Error('declined'), { status: Number(req.query.status) }));
+      });
+      if (observe) app.use(idempotency.errors());
+      app.use(
+        (err: Error & { status: number }, _req: express.Request, res: express.Response, _next: unknown) => {
+          res.status(err.status).json({ error: err.message });
+        },
+      );
+      return { app, runs: () => runs };
+    };
+    const twice = async (app: express.Express, status: number) => {
+      for (let i = 0; i < 2; i++)
+        await request(app)
+          .post(`/fails?status=${status}`)
+          .set('Idempotency-Key', `e${status}`)
+          .send({})
+          .expect(status);
+    };
+    const plain = make(false);
+    await twice(plain.app, 500);
+    expect(plain.runs()).toBe(2);
+    await twice(plain.app, 402);
+    expect(plain.runs()).toBe(3);
+    const observed = make(true);
+    await twice(observed.app, 402);
+    expect(observed.runs()).toBe(2);
+    // Express's own error handler answers 500: released without anything mounted.
+    const bare = expressModule();
+    bare.use(idempotency());
+    let runs = 0;
+    bare.post('/fails', (_req, _res, next) => {
+      runs++;
+      next(new Error('boom'));
+    });
+    for (let i = 0; i < 2; i++) await request(bare).post('/fails').set('Idempotency-Key', 'd').expect(500);
+    expect(runs).toBe(2);
   });
 
   test('an app-wide and a route-level middleware compose: the first takes the request', async () => {
@@ -477,24 +526,52 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
     expect(read.body).toEqual({ key: null, own: false });
   });
 
-  test('a covered request and its response get no own properties (each costs V8 a hidden class), yet the key reads', async () => {
+  test('only a covered request and its response carry what oncely adds, and the key reads', async () => {
     const app = expressModule();
     app.use(expressModule.json());
     app.use(idempotency());
     const seen: unknown[] = [];
+    const look = (req: express.Request, res: express.Response) => ({
+      key: req.idempotencyKey,
+      context: req.idempotency?.key,
+      own: ['idempotencyKey', 'idempotency'].filter((name) => Object.hasOwn(req, name)),
+      ownMethods: ['write', 'end', 'writeHead'].filter((name) => Object.hasOwn(res, name)),
+    });
     app.post('/plain', (req, res) => {
-      seen.push({
-        key: req.idempotencyKey,
-        context: req.idempotency?.key,
-        own: ['idempotencyKey', 'idempotency'].filter((name) => Object.hasOwn(req, name)),
-        ownMethods: ['write', 'end', 'writeHead'].filter((name) => Object.hasOwn(res, name)),
-      });
+      seen.push(look(req, res));
       res.status(201).json({ ok: true });
+    });
+    app.get('/plain', (req, res) => {
+      seen.push(look(req, res));
+      res.json({ ok: true });
     });
     await request(app).post('/plain').set('Idempotency-Key', 'p1').send({}).expect(201);
     const replay = await request(app).post('/plain').set('Idempotency-Key', 'p1').send({});
     expect(replay.headers['idempotent-replayed']).toBe('true');
-    expect(seen).toEqual([{ key: 'p1', context: 'p1', own: [], ownMethods: [] }]);
+    await request(app).get('/plain').set('Idempotency-Key', 'p1').expect(200);
+    expect(seen).toEqual([
+      {
+        key: 'p1',
+        context: 'p1',
+        own: ['idempotencyKey', 'idempotency'],
+        ownMethods: ['write', 'end', 'writeHead'],
+      },
+      { key: undefined, context: undefined, own: [], ownMethods: [] },
+    ]);
+    // Nothing of Node's changed.
+    for (const name of ['write', 'end', 'writeHead'] as const)
+      expect(ServerResponse.prototype[name]).toBe(pristine[name]);
+    expect(Object.getOwnPropertyNames(IncomingMessage.prototype)).not.toContain('idempotencyKey');
+    expect(Object.getOwnPropertySymbols(ServerResponse.prototype)).toEqual([]);
+    // Nor the router's: its Layer's request method is the one the router defines.
+    const router =
+      (app as unknown as { _router?: { stack: object[] }; router?: { stack: object[] } })._router ??
+      (app as unknown as { router: { stack: object[] } }).router;
+    const layer = Object.getPrototypeOf(router.stack[0]) as Record<string, unknown>;
+    const method = 'handleRequest' in layer ? 'handleRequest' : 'handle_request';
+    expect(Object.getOwnPropertySymbols(layer)).toEqual([]);
+    expect(String(layer[method])).not.toMatch(/oncely|state/);
+    expect(Object.keys(layer).filter((name) => /oncely/i.test(name))).toEqual([]);
   });
 
   test('a middleware before oncely that wrapped res.end on the response: oncely wraps it in turn and stores the bytes', async () => {
@@ -567,24 +644,49 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
     expect(lines).toEqual(['POST /logged 201', 'POST /logged 201']);
   });
 
-  test('a response sent around oncely is recorded as executed: never run again, never locked', async () => {
+  test.each([
+    ['writeHead then end', ['writeHead', 'end']],
+    ['end alone (Node sends the head itself)', ['end']],
+    ['after a held write', ['write', 'end']],
+  ])(
+    "a response sent around oncely (Node's own methods, %s) is recorded as executed: never run again, never locked",
+    async (_label, calls) => {
+      const app = expressModule();
+      app.use(idempotency({ lockTimeout: 60_000 }));
+      let runs = 0;
+      app.post('/around', (_req, res) => {
+        runs++;
+        // Node's own methods, called on the response directly: they bypass what oncely wrapped on it.
+        if (calls.includes('write')) res.write('held ');
+        if (calls.includes('writeHead')) ServerResponse.prototype.writeHead.call(res, 200);
+        (ServerResponse.prototype.end as (this: ServerResponse, chunk: string) => void).call(res, 'raw');
+      });
+      const first = await request(app).post('/around').set('Idempotency-Key', 'r1');
+      expect(first.status).toBe(200);
+      expect(first.text).toBe(calls.includes('write') ? 'held raw' : 'raw');
+      await sleep(20);
+      const retry = await request(app).post('/around').set('Idempotency-Key', 'r1');
+      expect(retry.status).toBe(410);
+      expect(runs).toBe(1);
+    },
+  );
+
+  test('res.flushHeaders() sends the head at once: streamed as it comes, recorded as executed', async () => {
     const app = expressModule();
     app.use(idempotency({ lockTimeout: 60_000 }));
     let runs = 0;
-    app.post('/around', (_req, res) => {
+    app.post('/flushed', (_req, res) => {
       runs++;
-      // Node's own methods, as they were before oncely put its dispatch on ServerResponse.prototype (kept beside it):
-      // oncely never sees the answer.
-      const hooks = (ServerResponse.prototype as unknown as Record<symbol, NodeMethods>)[
-        Symbol.for('oncely.express.responseHooks.v2')
-      ] as NodeMethods;
-      hooks.original.writeHead.call(res, 200);
-      hooks.original.end.call(res, 'raw');
+      res.status(202).type('text/plain');
+      res.flushHeaders();
+      res.write('a');
+      res.end('b');
     });
-    const first = await request(app).post('/around').set('Idempotency-Key', 'r1');
-    expect(first.text).toBe('raw');
+    const first = await request(app).post('/flushed').set('Idempotency-Key', 'f1');
+    expect(first.status).toBe(202);
+    expect(first.text).toBe('ab');
     await sleep(20);
-    const retry = await request(app).post('/around').set('Idempotency-Key', 'r1');
+    const retry = await request(app).post('/flushed').set('Idempotency-Key', 'f1');
     expect(retry.status).toBe(410);
     expect(runs).toBe(1);
   });
@@ -664,7 +766,6 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
 
 describe.each(versions)('%s beside other code in the process', (_name, expressModule) => {
   test('a patch put on OutgoingMessage.prototype after oncely installed still runs for every response', async () => {
-    idempotency(); // installs the dispatch on ServerResponse.prototype, if no earlier test did
     const seen: string[] = [];
     const previous = OutgoingMessage.prototype.end;
     // As an APM or a test library does, after the app was built.
@@ -732,14 +833,15 @@ describe.each(versions)('%s beside other code in the process', (_name, expressMo
   });
 
   test('a request another version of this package holds is left to it; its key still reads', async () => {
-    // What a copy of another shape leaves in the map every version shares: a state this version must not use.
-    const shared = (ServerResponse.prototype as unknown as Record<symbol, WeakMap<object, unknown>>)[
-      Symbol.for('oncely.express.states')
-    ] as WeakMap<object, unknown>;
+    // What a copy of another shape leaves on a response it covers: a mark this version must not use.
     const app = expressModule();
     app.use(expressModule.json());
-    app.use((_req, res, next) => {
-      shared.set(res, { protocol: 1, context: { key: 'held-elsewhere' }, capture: { shape: 'unknown' } });
+    app.use((req, res, next) => {
+      (res as unknown as Record<symbol, unknown>)[Symbol.for('oncely.express.held')] = {
+        protocol: 1,
+        capture: { shape: 'unknown' },
+      };
+      req.idempotencyKey = 'held-elsewhere';
       next();
     });
     app.use(idempotency());

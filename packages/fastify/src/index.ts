@@ -7,6 +7,7 @@ import {
   type StoredResponse,
 } from '@oncely/core';
 import { type CapturedResponse, type Execution, nestedEngine, registrationOf } from '@oncely/core/adapter';
+import { readUpTo, toChunk } from '@oncely/core/node';
 import type {
   FastifyInstance,
   FastifyReply,
@@ -304,7 +305,7 @@ async function* continuation(
         throw error;
       }
       if (next.done) break;
-      yield toBuffer(next.value);
+      yield toChunk(next.value);
     }
     ended = true;
     await take(state)?.complete(captured);
@@ -355,7 +356,12 @@ function readNow(payload: unknown): Collected | undefined {
     const body = Buffer.from(payload);
     return { kind: 'body', body, payload: body };
   }
-  if (payload instanceof Uint8Array) return { kind: 'body', body: payload, payload };
+  if (payload instanceof Uint8Array) {
+    // The handler's own buffer, which it may refill once it has handed it over (a pool): what is stored and
+    // sent is a copy of it as it was handed over, since the store is asked before anything is sent.
+    const body = Buffer.from(payload);
+    return { kind: 'body', body, payload: body };
+  }
   return undefined;
 }
 
@@ -375,20 +381,10 @@ async function collect(reply: FastifyReply, payload: unknown, limit: number): Pr
   if (now !== undefined) return now;
   const source = toNodeReadable(payload);
   if (source === undefined) return { kind: 'unknown' };
-  const rest = source[Symbol.asyncIterator]();
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for (;;) {
-    const { value, done } = await rest.next();
-    if (done) {
-      const body = Buffer.concat(chunks, size);
-      return { kind: 'body', body, payload: body };
-    }
-    const chunk = toBuffer(value);
-    chunks.push(chunk);
-    size += chunk.byteLength;
-    if (size > limit) return { kind: 'stream', head: chunks, rest, stop: () => source.destroy() };
-  }
+  const { chunks, size, rest } = await readUpTo(source[Symbol.asyncIterator](), limit);
+  if (rest !== undefined) return { kind: 'stream', head: chunks, rest, stop: () => source.destroy() };
+  const body = Buffer.concat(chunks, size);
+  return { kind: 'body', body, payload: body };
 }
 
 /** A Node Readable to read the payload through, or undefined when it is no stream. */
@@ -420,13 +416,6 @@ function isWebResponse(payload: unknown): payload is Response {
     ((typeof Response === 'function' && payload instanceof Response) ||
       Object.prototype.toString.call(payload) === '[object Response]')
   );
-}
-
-function toBuffer(value: unknown): Buffer {
-  if (typeof value === 'string') return Buffer.from(value);
-  if (Buffer.isBuffer(value)) return value;
-  const bytes = value as Uint8Array;
-  return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
 }
 
 function describe(payload: unknown): string {

@@ -3,6 +3,7 @@ import {
   type AdapterHarness,
   pipeParams,
   pipeSource,
+  reusedBuffer,
   routeCounts,
   type TestApp,
   type TestAppOptions,
@@ -120,9 +121,14 @@ export const fastifyHarness: AdapterHarness & {
     });
     app.post('/pipe', async (request, reply) => {
       count('pipe');
-      const { chunks, every } = pipeParams(request.query as Record<string, unknown>);
+      const { chunks, every, fail } = pipeParams(request.query as Record<string, unknown>);
       reply.type('application/octet-stream');
-      return reply.send(pipeSource(chunks, every));
+      return reply.send(pipeSource(chunks, every, fail));
+    });
+    app.post('/reused', async (_request, reply) => {
+      count('reused');
+      reply.type('application/octet-stream');
+      return reply.send(reusedBuffer());
     });
     await app.listen({ port: 0, host: '127.0.0.1' });
     const address = app.server.address();

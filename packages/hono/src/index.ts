@@ -96,8 +96,7 @@ export function idempotency<E extends Env = Env>(
         if (c.error !== undefined) return new HandlerFailure(c.error, c.res);
         const res = c.res;
         if (known.response !== res || known.body === undefined) return res;
-        // Copied now, as the response is about to go out: later changes to the handler's buffer reach neither.
-        return new KnownBody(res, known.borrowed ? new Uint8Array(known.body) : known.body);
+        return new KnownBody(res, known.body);
       },
     );
     if (!ran) {
@@ -243,11 +242,10 @@ const utf8: (text: string) => Uint8Array =
  * stream, a value that is not text) leaves the body unknown, and its stream is read as for any Response.
  */
 function watchBody(c: Context): KnownResponse {
-  const known: KnownResponse = { response: undefined, body: undefined, borrowed: false };
-  const note = (response: Response, body: Uint8Array | undefined, borrowed: boolean): Response => {
+  const known: KnownResponse = { response: undefined, body: undefined };
+  const note = (response: Response, body: Uint8Array | undefined): Response => {
     known.response = response;
     known.body = body;
-    known.borrowed = borrowed;
     return response;
   };
   // Hono's own methods, called as they are; typed loosely, since each is overloaded.
@@ -260,19 +258,21 @@ function watchBody(c: Context): KnownResponse {
     // text, so a toJSON or getter that answers differently each time cannot make the stored bytes differ from
     // those sent. undefined (c.json(undefined), a function) has no text: Hono's answer is read as it is.
     const textOf = JSON.stringify(object);
-    if (textOf === undefined) return note(json(object, ...rest), undefined, false);
-    return note(json(JSON.parse(textOf), ...rest), utf8(textOf), false);
+    if (textOf === undefined) return note(json(object, ...rest), undefined);
+    return note(json(JSON.parse(textOf), ...rest), utf8(textOf));
   }) as typeof c.json;
   c.text = ((value: unknown, ...rest: unknown[]) =>
-    note(text(value, ...rest), typeof value === 'string' ? utf8(value) : undefined, false)) as typeof c.text;
+    note(text(value, ...rest), typeof value === 'string' ? utf8(value) : undefined)) as typeof c.text;
   c.body = ((data: unknown, ...rest: unknown[]) => {
-    const response = body(data, ...rest);
-    if (typeof data === 'string') return note(response, utf8(data), false);
-    if (data === null) return note(response, EMPTY, false);
-    // The handler's own bytes: copied when stored (below), since it may reuse the buffer afterwards.
-    if (data instanceof Uint8Array) return note(response, data, true);
-    if (data instanceof ArrayBuffer) return note(response, new Uint8Array(data), true);
-    return note(response, undefined, false);
+    if (typeof data === 'string') return note(body(data, ...rest), utf8(data));
+    if (data === null) return note(body(data, ...rest), EMPTY);
+    if (data instanceof Uint8Array || data instanceof ArrayBuffer) {
+      // The handler's own buffer, which it may refill once it has handed it over (a pool): the response is made
+      // of a copy of it as it was handed over, and that copy is stored, since the store is asked before it is sent.
+      const copy = data instanceof ArrayBuffer ? new Uint8Array(data.slice(0)) : new Uint8Array(data);
+      return note(body(copy, ...rest), copy);
+    }
+    return note(body(data, ...rest), undefined);
   }) as typeof c.body;
   return known;
 }
@@ -280,8 +280,6 @@ function watchBody(c: Context): KnownResponse {
 interface KnownResponse {
   response: Response | undefined;
   body: Uint8Array | undefined;
-  /** The body is the handler's buffer, not bytes made here: to be copied before it is stored. */
-  borrowed: boolean;
 }
 
 const EMPTY = new Uint8Array(0);

@@ -6,6 +6,7 @@ import {
   expectedWebStream,
   pipeParams,
   pipeWebSource,
+  reusedBuffer,
   routeCounts,
   serveTestApp,
   type TestApp,
@@ -92,8 +93,14 @@ export function honoHarness(name: string): AdapterHarness {
       });
       app.post('/pipe', (c) => {
         count('pipe');
-        const { chunks, every } = pipeParams(new URL(c.req.url).searchParams);
-        return c.body(pipeWebSource(chunks, every), 200, { 'content-type': 'application/octet-stream' });
+        const { chunks, every, fail } = pipeParams(new URL(c.req.url).searchParams);
+        return c.body(pipeWebSource(chunks, every, fail), 200, {
+          'content-type': 'application/octet-stream',
+        });
+      });
+      app.post('/reused', (c) => {
+        count('reused');
+        return c.body(reusedBuffer(), 200, { 'content-type': 'application/octet-stream' });
       });
       app.onError((error, c) => {
         // /bad-status: a hand-written error handler that answers a status no HTTP response can have.

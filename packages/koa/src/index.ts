@@ -12,6 +12,7 @@ import {
   refuseNested,
   registrationOf,
 } from '@oncely/core/adapter';
+import { type ReadUpTo, readUpTo, toChunk } from '@oncely/core/node';
 import type { Context, Middleware, Next } from 'koa';
 
 /** Options of the Koa middleware: the shared options (docs/options.md); `scope` and `fingerprint` get Koa's `Context`. */
@@ -228,15 +229,19 @@ async function capture(ctx: Context, execution: Execution): Promise<void> {
   } else if (typeof body === 'string') {
     bytes = Buffer.from(body);
     ctx.body = bytes;
-  } else if (Buffer.isBuffer(body)) bytes = body;
-  else {
+  } else if (Buffer.isBuffer(body)) {
+    // The handler's own buffer, which it may refill once it has handed it over (a pool): what is stored and
+    // sent is a copy of it as it was handed over, since the store is asked before anything is sent.
+    bytes = Buffer.from(body);
+    ctx.body = bytes;
+  } else {
     const source = streamOf(body);
     if (source === undefined) {
       // An object: Koa would send JSON.stringify(body). Sent as those bytes now, so the stored bytes are the sent ones.
       bytes = Buffer.from(JSON.stringify(body));
       ctx.body = bytes;
     } else {
-      let read: { chunks: Buffer[]; rest: Chunks | undefined };
+      let read: ReadUpTo;
       try {
         read = await readUpTo(source, execution.bufferLimit);
       } catch (error) {
@@ -289,39 +294,11 @@ function streamOf(body: unknown): Chunks | undefined {
   return undefined;
 }
 
-function toChunk(value: unknown): Buffer {
-  if (Buffer.isBuffer(value)) return value;
-  if (typeof value === 'string') return Buffer.from(value);
-  if (value instanceof Uint8Array) return Buffer.from(value.buffer, value.byteOffset, value.byteLength);
-  throw new TypeError(
-    `oncely: a response stream gave a ${typeof value} chunk; Koa sends only bytes and strings`,
-  );
-}
-
-/**
- * Reads a stream body until its end, or until more than `limit` bytes are held: then `rest` is the unread
- * remainder. The iterator is driven by hand (not `for await`), since leaving a `for await` early destroys the stream.
- */
-async function readUpTo(
-  source: Chunks,
-  limit: number,
-): Promise<{ chunks: Buffer[]; rest: Chunks | undefined }> {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for (;;) {
-    const { done, value } = await source.next();
-    if (done) return { chunks, rest: undefined };
-    const chunk = toChunk(value);
-    chunks.push(chunk);
-    size += chunk.byteLength;
-    if (size > limit) return { chunks, rest: source };
-  }
-}
-
 /**
  * A body too big to keep: what was read, then the rest, streamed through; the request is kept as executed (a
- * retry gets a 410, never a second run) when the stream ends, fails, is destroyed (the client left, or Koa dropped
- * it), or the response closes without it (a middleware outside oncely replaced the body).
+ * retry gets a 410, never a second run) when the stream ends, is destroyed (the client left, or Koa dropped it),
+ * or the response closes without it (a middleware outside oncely replaced the body). A stream that fails is a
+ * failed handler: the key is released.
  */
 function continuation(
   ctx: Context,
@@ -332,8 +309,8 @@ function continuation(
 ): Readable {
   const status = ctx.status;
   let settled = false;
-  // At the stream's end, or (early) when it fails, is destroyed, or the response closes without it: the engine
-  // records either as executed without a body.
+  // At the stream's end, or (early) when it is destroyed or the response closes without it: the engine records
+  // either as executed without a body.
   const executed = (early = true): void => {
     if (settled) return;
     settled = true;
@@ -349,7 +326,10 @@ function continuation(
         return;
       }
       const failed = (error: unknown): void => {
-        executed();
+        if (!settled) {
+          settled = true;
+          void execution.fail(error);
+        }
         this.destroy(error instanceof Error ? error : new Error(String(error)));
       };
       rest.next().then(({ done, value }) => {

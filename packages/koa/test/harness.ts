@@ -8,6 +8,7 @@ import {
   expectedStream,
   pipeParams,
   pipeSource,
+  reusedBuffer,
   routeCounts,
   serveTestApp,
   sleep,
@@ -125,9 +126,14 @@ export function koaHarness(name: string): AdapterHarness {
       );
       router.post('/pipe', (ctx) => {
         count('pipe');
-        const { chunks, every } = pipeParams(ctx.query);
+        const { chunks, every, fail } = pipeParams(ctx.query);
         ctx.type = 'application/octet-stream';
-        ctx.body = pipeSource(chunks, every);
+        ctx.body = pipeSource(chunks, every, fail);
+      });
+      router.post('/reused', (ctx) => {
+        count('reused');
+        ctx.type = 'application/octet-stream';
+        ctx.body = reusedBuffer();
       });
       app.use(router.routes());
       return serveTestApp(createServer(app.callback()), counted);

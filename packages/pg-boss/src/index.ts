@@ -1,12 +1,15 @@
 import { createHash } from 'node:crypto';
-import { type Duration, IdempotencyOptionsError, type IdempotencyStore, parseDuration } from '@oncely/core';
+import {
+  type Duration,
+  IdempotencyOptionsError,
+  type IdempotencyStore,
+  type JsonStorable,
+} from '@oncely/core';
 import {
   type ConsumerBroker,
   type ConsumerOptions,
   type ConsumerSettledEvent,
   consumerRuntime,
-  durationOption,
-  runStoreTransaction,
   type TransactionalIdempotencyStore,
 } from '@oncely/core/adapter';
 
@@ -58,6 +61,12 @@ export interface TransactionalJobContext<Db> {
   /** The transaction's client (a pg `PoolClient`): write through it, and your writes commit with the record. */
   db: Db;
 }
+
+/**
+ * What `fn` may return: nothing (the job completes with `{ value: null }`), or a value JSON can store and give back
+ * to a duplicate (see `JsonStorable` in `@oncely/core`): a BigInt, a Map or a Set does not compile.
+ */
+export type PgBossStorable<R> = R extends void ? R : JsonStorable<R>;
 
 /** What the wrapper did with one job, for metrics and logs. */
 export type PgBossSettledEvent<J extends PgBossJob = PgBossJob> = ConsumerSettledEvent<J>;
@@ -115,8 +124,6 @@ const NOT_TRANSACTIONAL: Record<string, string> = {
     'has no effect with transactional: true: a duplicate of a running transaction waits in the worker (see inProgressDelay). Remove it.',
 };
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
 /**
  * How many times each `PgBoss` instance has stopped (its `stopped` event; one listener per instance, however many
  * wrappers share it). A job waiting in the worker stops waiting once its boss has stopped: pg-boss has failed it
@@ -156,12 +163,15 @@ function stopCounter(boss: object): { count: number } {
  * await boss.work('ship', idempotentWorker(ship, { boss, store: new PostgresStore({ pool }), transactional: true }));
  * ```
  */
-export function idempotentWorker<J extends PgBossJob, Db>(
-  fn: (job: J, context: TransactionalJobContext<Db>) => unknown,
+export function idempotentWorker<J extends PgBossJob, Db, R = unknown>(
+  fn: (
+    job: J,
+    context: TransactionalJobContext<Db>,
+  ) => (R & PgBossStorable<R>) | Promise<R & PgBossStorable<R>>,
   options: PgBossTransactionalWorkerOptions<J, Db>,
 ): (jobs: J[]) => Promise<void>;
-export function idempotentWorker<J extends PgBossJob>(
-  fn: (job: J, context: JobContext) => unknown,
+export function idempotentWorker<J extends PgBossJob, R = unknown>(
+  fn: (job: J, context: JobContext) => (R & PgBossStorable<R>) | Promise<R & PgBossStorable<R>>,
   options: PgBossWorkerOptions<J>,
 ): (jobs: J[]) => Promise<void>;
 export function idempotentWorker<J extends PgBossJob, Db>(
@@ -218,6 +228,7 @@ export function idempotentWorker<J extends PgBossJob, Db>(
     return key;
   };
   let runInTransaction: ConsumerBroker<J>['runInTransaction'];
+  let workInTransaction: ConsumerBroker<J>['workInTransaction'];
   if (transactional === true) {
     const store = shared.store as Partial<TransactionalStore<Db>> | undefined;
     if (store === undefined || typeof store?.transaction !== 'function') {
@@ -235,32 +246,23 @@ export function idempotentWorker<J extends PgBossJob, Db>(
         "cannot be 'process' with transactional: true: a job without a key has no record to commit with its writes. Give every job a key, or leave onMissingKey out (such jobs are cancelled).",
       );
     }
-    const transactionalStore = store as TransactionalStore<Db> & Partial<TransactionalIdempotencyStore>;
-    // Read at the first job: the runtime below checks `ttl` first, with the error that names it.
-    let ttlMs: number | undefined;
-    const recordTtlMs = (): number => {
-      ttlMs ??= parseDuration(shared.ttl ?? '24h');
-      return ttlMs;
-    };
     // The result is stored as JSON: "nothing" is stored as null rather than refused.
-    const work = (job: J, key: string) => async (db: Db) => (await fn(job, { key, db })) ?? null;
-    runInTransaction = (job, key, fingerprint, observe) =>
-      typeof transactionalStore.acquireInTransaction === 'function'
-        ? // PostgresStore: the transaction on the store as the runtime observes it (timings, executions in flight).
-          runStoreTransaction(
-            observe.store(transactionalStore as TransactionalIdempotencyStore),
-            key,
-            { fingerprint, ttlMs: recordTtlMs() },
-            (db: Db) => observe.execute(key, () => work(job, key)(db)),
-          )
-        : transactionalStore.transaction(
-            key,
-            {
-              ...(shared.ttl === undefined ? {} : { ttl: shared.ttl }),
-              ...(fingerprint === undefined ? {} : { fingerprint }),
-            },
-            (db: Db) => observe.execute(key, () => work(job, key)(db)),
-          );
+    const work = async (job: J, key: string, db: Db) => (await fn(job, { key, db })) ?? null;
+    if (typeof (store as Partial<TransactionalIdempotencyStore>).acquireInTransaction === 'function') {
+      // PostgresStore: the runtime runs the transaction (its key protocol, hooks and timings).
+      workInTransaction = (job, key, db) => work(job, key, db as Db);
+    } else {
+      const transactionalStore = store as TransactionalStore<Db>;
+      runInTransaction = (job, key, fingerprint, observe) =>
+        transactionalStore.transaction(
+          key,
+          {
+            ...(shared.ttl === undefined ? {} : { ttl: shared.ttl }),
+            ...(fingerprint === undefined ? {} : { fingerprint }),
+          },
+          (db: Db) => observe.execute(key, () => work(job, key, db)),
+        );
+    }
   }
   const runtime = consumerRuntime<J>(
     // Plain mode: fn was given as (job, { key }) => ..., and gets no db.
@@ -278,114 +280,38 @@ export function idempotentWorker<J extends PgBossJob, Db>(
       fingerprint: dataHash,
       storeResults: true,
       ...(runInTransaction === undefined ? {} : { runInTransaction }),
+      ...(workInTransaction === undefined ? {} : { workInTransaction }),
     },
   );
   const { log } = runtime;
   const stops = stopCounter(boss);
-  // Plain mode, inProgress: { wait }: each look at a held key may itself wait this long in the store (validated by
-  // the runtime above).
-  const inProgress = shared.inProgress;
-  const storeWaitMs =
-    inProgress !== null && typeof inProgress === 'object'
-      ? durationOption('inProgress.wait', inProgress.wait)
-      : 0;
 
-  /**
-   * Calls `boss.complete` or `boss.cancel`, trying again briefly on failure (both only touch a job that is still
-   * active or waiting, so a second call is harmless): a database blip must not turn a job whose work is done into
-   * a failed attempt (on its last attempt: `failed`, and sent to the dead-letter queue, though its effect happened).
-   */
-  const settleCall = async (call: () => Promise<unknown>, expiresAt: number): Promise<void> => {
-    for (let attempt = 0; ; attempt++) {
-      try {
-        await call();
-        return;
-      } catch (error) {
-        const pause = SETTLE_RETRY_MS[attempt];
-        if (pause === undefined || Date.now() + pause >= expiresAt) throw error;
-        log.warn({ err: error, attempt: attempt + 1 }, 'oncely: could not settle a job; trying again');
-        await sleep(pause);
-      }
-    }
-  };
-
-  /**
-   * The event of a job handed back to pg-boss (the handler throws for it): pg-boss counts an attempt, and either
-   * retries it after its own retryDelay or, with its retries used up, fails it for good (known with
-   * `includeMetadata: true`).
-   */
-  const handedBack = (
-    job: J,
-    key: string | undefined,
-    failuresBefore: number,
-    reason: 'failed' | 'in-progress' | 'store-error',
-    error: unknown,
-  ): PgBossSettledEvent<J> => {
-    const failures = failuresBefore + 1;
-    const limit = numberOrUndefined(job.retryLimit);
-    const event: PgBossSettledEvent<J> =
-      limit !== undefined && failuresBefore >= limit
-        ? { key, action: 'dead-letter', reason: 'retries-exhausted', failures, message: job }
-        : { key, action: 'retry', reason, failures, message: job };
-    if (event.action === 'retry') {
-      const delayMs = pgBossRetryDelayMs(job, failuresBefore);
-      if (delayMs !== undefined) event.delayMs = delayMs;
-    }
-    if (error !== undefined) event.error = error;
-    return event;
-  };
-
-  /** Decides and settles one job; resolves to why it must be retried, or `undefined` once it is settled. */
-  const handle = async (job: J): Promise<JobsToRetryError['jobs'][number] | undefined> => {
-    const failuresBefore = numberOrUndefined(job.retryCount) ?? 0;
-    const expiresAt = Date.now() + (Number(job.expireInSeconds) || 0) * 1000;
+  /** Decides and settles one job; resolves to why pg-boss must fail it, or `undefined` once it is settled. */
+  const handle = (job: J): Promise<JobsToRetryError['jobs'][number] | undefined> => {
     const stopsBefore = stops.count;
-    for (;;) {
-      const { key, settlement, result } = await runtime.decide(job, failuresBefore);
-      switch (settlement.action) {
-        case 'ack':
-        case 'dead-letter': {
-          if (settlement.action === 'dead-letter') {
-            log.warn(
-              { key, jobId: job.id, reason: settlement.reason, err: settlement.error },
-              'oncely: job cancelled (no retry can help)',
-            );
-          }
-          try {
-            await settleCall(
-              settlement.action === 'ack'
-                ? () => boss.complete(job.name, job.id, outputOf(result))
-                : () => boss.cancel(job.name, job.id),
-              expiresAt,
-            );
-          } catch (error) {
-            // The database: the job is still active, so pg-boss must fail it (not complete it). A done job's
-            // retry replays the record; a cancelled one's decides the same again.
-            log.error(
-              { err: error, key, jobId: job.id },
-              'oncely: could not settle a job; pg-boss will retry it',
-            );
-            runtime.report(handedBack(job, key, failuresBefore, 'failed', error));
-            return { id: job.id, key, reason: 'settle-failed', error };
-          }
-          runtime.report(runtime.settledEvent(job, key, settlement, failuresBefore));
-          return undefined;
-        }
-        case 'delay':
-          // Waiting here keeps the job active without counting an attempt; it must end (with time for one more
-          // look, and that look's own wait in the store) before pg-boss expires the job.
-          if (Date.now() + 2 * settlement.delayMs + storeWaitMs < expiresAt && stops.count === stopsBefore) {
-            runtime.report(runtime.settledEvent(job, key, settlement, failuresBefore));
-            await sleep(settlement.delayMs);
-            if (stops.count === stopsBefore) continue;
-          }
-          runtime.report(handedBack(job, key, failuresBefore, settlement.reason, undefined));
-          return { id: job.id, key, reason: settlement.reason };
-        case 'retry':
-          runtime.report(handedBack(job, key, failuresBefore, 'failed', settlement.error));
-          return { id: job.id, key, reason: settlement.reason, error: settlement.error };
-      }
-    }
+    const retryDelay = numberOrUndefined(job.retryDelay);
+    return runtime.settleInWorker(
+      job,
+      {
+        id: job.id,
+        failuresBefore: numberOrUndefined(job.retryCount) ?? 0,
+        expiresAt: Date.now() + (Number(job.expireInSeconds) || 0) * 1000,
+        stopped: () => stops.count !== stopsBefore,
+        // pg-boss 10's failJobs: retryDelay seconds, or with retryBackoff retryDelay * 2^min(16, n + 1) / 2 (plus
+        // as much again at random), so at most 15 doublings. Known with includeMetadata: true.
+        retries: {
+          limit: numberOrUndefined(job.retryLimit),
+          delayMs: retryDelay === undefined ? undefined : retryDelay * 1000,
+          backoff: job.retryBackoff === true,
+          maxDoublings: 15,
+        },
+      },
+      {
+        ack: (result) => boss.complete(job.name, job.id, outputOf(result)),
+        deadLetter: () => boss.cancel(job.name, job.id),
+        deadLetterWord: 'cancelled',
+      },
+    );
   };
 
   return async (jobs: J[]): Promise<void> => {
@@ -405,24 +331,9 @@ export function idempotentWorker<J extends PgBossJob, Db>(
   };
 }
 
-/** Pauses before trying `boss.complete`/`boss.cancel` again. */
-const SETTLE_RETRY_MS = [100, 400, 1000];
-
 function numberOrUndefined(value: unknown): number | undefined {
   const n = typeof value === 'string' ? Number(value) : value;
   return typeof n === 'number' && Number.isFinite(n) ? n : undefined;
-}
-
-/**
- * pg-boss 10's delay before the retry of a job failed after `failuresBefore` earlier failures (its failJobs SQL):
- * `retryDelay` seconds, or with `retryBackoff` at least `retryDelay * 2^min(16, n + 1) / 2` (plus as much again at
- * random). `undefined` without `includeMetadata`.
- */
-function pgBossRetryDelayMs(job: PgBossJob, failuresBefore: number): number | undefined {
-  const delay = numberOrUndefined(job.retryDelay);
-  if (delay === undefined) return undefined;
-  if (job.retryBackoff !== true) return delay * 1000;
-  return (delay * 2 ** Math.min(16, failuresBefore + 1) * 1000) / 2;
 }
 
 /** pg-boss keeps an object as a job's output: anything else is wrapped as `{ value }`, as pg-boss itself does. */

@@ -8,8 +8,19 @@ import {
   type IdempotencyStore,
   MemoryStore,
 } from '@oncely/core';
+import type request from 'supertest';
 import { sleep, waitUntil } from './consumers';
 import type { TestApp, TestAppOptions, TestRequest } from './suite-types';
+
+/** A supertest parser that keeps any body as its bytes: `.buffer(true).parse(binaryParser)`. */
+export function binaryParser(
+  res: request.Response,
+  callback: (err: Error | null, body: Buffer) => void,
+): void {
+  const chunks: Buffer[] = [];
+  res.on('data', (chunk: Buffer) => chunks.push(chunk));
+  res.on('end', () => callback(null, Buffer.concat(chunks)));
+}
 
 /** Counts handler runs per route: `hit(route)` in a handler, `count(route)` for `TestApp.count`. */
 export function routeCounts(): { hit(route: string): number; count(route: string): number } {

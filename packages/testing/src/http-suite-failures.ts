@@ -5,6 +5,7 @@ import { inspect } from 'node:util';
 import { type IdempotencyStore, MemoryStore } from '@oncely/core';
 import request from 'supertest';
 import { sleep } from './consumers';
+import { binaryParser } from './harness-helpers';
 import { type AdapterHarness, recordingLogger, type TestApp, type TestAppOptions } from './suite-types';
 
 /**
@@ -14,30 +15,44 @@ import { type AdapterHarness, recordingLogger, type TestApp, type TestAppOptions
  *   nearest way to answer an invalid status): a bug in the app's error handler.
  * - `POST /bad-status?in=handler`: counts "bad-status"; the handler itself answers with an invalid status
  *   (Express 4: `res.status(undefined)`).
- * - `POST /pipe[?chunks=N&every=ms]`: counts "pipe", then streams N chunks (default 1000) of 1000 bytes `every` ms
- *   apart (default 5) as application/octet-stream, the framework's usual way (Express: `readable.pipe(res)`;
- *   Fastify: a stream payload; Koa: `ctx.body = stream`; fetch handlers: a `ReadableStream` body; NestJS:
- *   `StreamableFile`). Made with `pipeSource()` or `pipeWebSource()`.
+ * - `POST /pipe[?chunks=N&every=ms&fail=F]`: counts "pipe", then streams N chunks (default 1000) of 1000 bytes
+ *   `every` ms apart (default 5) as application/octet-stream, the framework's usual way (Express:
+ *   `readable.pipe(res)`, a source error handed to `next`; Fastify: a stream payload; Koa: `ctx.body = stream`;
+ *   fetch handlers: a `ReadableStream` body; NestJS: `StreamableFile`). With `fail`, the stream errors after F
+ *   chunks instead of going on (a cursor that dies mid-export). Made with `pipeSource()` or `pipeWebSource()`.
+ * - `POST /reused`: counts "reused", sends the Buffer of `reusedBuffer()` (REUSED_BYTES bytes of `a`) as
+ *   application/octet-stream, the framework's usual way for bytes, and then refills that buffer with `b` (as a
+ *   pool reuses its buffer for the next request).
  */
-export const FAILURE_ROUTES = ['/bad-status', '/pipe'] as const;
+export const FAILURE_ROUTES = ['/bad-status', '/pipe', '/reused'] as const;
 
-/** The query of `/pipe` as numbers. */
+/** The query of `/pipe` as numbers; `fail` is `undefined` for a stream that does not fail. */
 export function pipeParams(query: URLSearchParams | Record<string, unknown>): {
   chunks: number;
   every: number;
+  fail: number | undefined;
 } {
   const get = (name: string) =>
-    query instanceof URLSearchParams ? query.get(name) : (query[name] as string | undefined);
-  return { chunks: Number(get('chunks') ?? 1000), every: Number(get('every') ?? 5) };
+    (query instanceof URLSearchParams ? query.get(name) : (query[name] as string | undefined)) ?? undefined;
+  const fail = get('fail');
+  return {
+    chunks: Number(get('chunks') ?? 1000),
+    every: Number(get('every') ?? 5),
+    fail: fail === undefined ? undefined : Number(fail),
+  };
 }
 
+/** The error a `/pipe` stream fails with. */
+const pipeError = () => new Error('the source failed mid-stream');
+
 /** The body of `/pipe` as a Node stream; its reading stops when it is destroyed. */
-export function pipeSource(chunks: number, every: number): Readable {
+export function pipeSource(chunks: number, every: number, fail?: number): Readable {
   const chunk = Buffer.alloc(1000, 'x');
   return Readable.from(
     (async function* () {
       for (let i = 0; i < chunks; i++) {
         await sleep(every);
+        if (i === fail) throw pipeError();
         yield chunk;
       }
     })(),
@@ -45,16 +60,30 @@ export function pipeSource(chunks: number, every: number): Readable {
 }
 
 /** The body of `/pipe` as a web stream; it stops when cancelled. */
-export function pipeWebSource(chunks: number, every: number): ReadableStream<Uint8Array> {
+export function pipeWebSource(chunks: number, every: number, fail?: number): ReadableStream<Uint8Array> {
   const chunk = new Uint8Array(1000).fill(0x78);
   let i = 0;
   return new ReadableStream<Uint8Array>({
     async pull(controller) {
-      if (i++ === chunks) return controller.close();
+      if (i === chunks) return controller.close();
       await sleep(every);
+      if (i++ === fail) return controller.error(pipeError());
       controller.enqueue(chunk);
     },
   });
+}
+
+/** Size of the body of `/reused`. */
+export const REUSED_BYTES = 2000;
+
+/**
+ * The body of `/reused`: REUSED_BYTES bytes of `a`, refilled with `b` 20 ms after it is made, as a handler that
+ * reuses its buffer (a pool) refills it for its next request once it has handed the response over.
+ */
+export function reusedBuffer(): Buffer<ArrayBuffer> {
+  const body = Buffer.alloc(REUSED_BYTES, 'a');
+  setTimeout(() => body.fill('b'), 20);
+  return body;
 }
 
 /** The real process's emitter: a jest test's `process` is a copy whose listeners never hear Node's events. */
@@ -274,6 +303,93 @@ export function handlerFailuresSuite(harness: AdapterHarness): void {
         await sleep(400);
         expect(store.renewsOf(key)).toBe(renewed);
         await expectServingOn(app);
+      },
+    );
+
+    test('a client that leaves while the handler runs, before it began its answer: the answer is stored and replayed', async () => {
+      const app = await make({});
+      const key = newKey();
+      let leftAt: number | undefined;
+      await leavingPipe(app.url, '/charges?delay=300', key, () => {
+        if (app.count('charges') === 0) return false;
+        leftAt ??= Date.now();
+        return Date.now() - leftAt >= 50;
+      });
+      // The handler still answers; until it has, the key is held (409).
+      const retry = await retryUntilSettled(app.url, '/charges?delay=300', key, 5000);
+      expect(retry.status).toBe(201);
+      expect(retry.headers['idempotent-replayed']).toBe('true');
+      expect(retry.body).toEqual({ id: 1, amount: null });
+      expect(app.count('charges')).toBe(1);
+      await expectServingOn(app);
+    });
+
+    test.each([
+      ['while it is held, below maxBodyBytes', {}],
+      ['after part of it was sent, past maxBodyBytes', { maxBodyBytes: 1000 }],
+    ])(
+      'a streamed response that fails %s: the key is released, the retry runs again',
+      async (_label, options) => {
+        const app = await make(options);
+        const key = newKey();
+        const path = '/pipe?chunks=10&every=2&fail=5';
+        const first = await post(app.url, path, key);
+        // Below the limit nothing was sent: an error answer; past it, the response can only be cut short.
+        if (first !== 'gone') expect(first).toBeGreaterThanOrEqual(500);
+        // Not a 410 (recorded as executed) nor a 409 for the lease's lifetime: the retry runs the handler again.
+        const deadline = Date.now() + 2000;
+        let retry = await post(app.url, path, key);
+        while (retry === 409 && Date.now() < deadline) {
+          await sleep(25);
+          retry = await post(app.url, path, key);
+        }
+        expect(retry === 'gone' || retry >= 500).toBe(true);
+        expect(app.count('pipe')).toBe(2);
+        await expectServingOn(app);
+      },
+    );
+
+    const reusedGap = harness.knownGaps?.['reused-buffer'];
+    (reusedGap === undefined ? test : test.skip)(
+      `a handler that reuses its buffer once it handed it over changes neither the answer nor its replay${reusedGap === undefined ? '' : ` (skipped: ${reusedGap})`}`,
+      async () => {
+        // The store takes its time, so the buffer is refilled before the store copies it: only the adapter's own
+        // copy keeps the bytes the handler sent.
+        const inner = harness.store?.() ?? new MemoryStore();
+        const store: IdempotencyStore = {
+          acquire: (...args) => inner.acquire(...args),
+          complete: async (...args) => {
+            await sleep(150);
+            return inner.complete(...args);
+          },
+          release: (...args) => inner.release(...args),
+          renew: (...args) => inner.renew(...args),
+        };
+        const app = await make({ store });
+        const key = newKey();
+        // The bytes as sent: REUSED_BYTES of them, none refilled.
+        const asSent = (body: Buffer) => ({
+          bytes: body.byteLength,
+          refilled: body.filter((b) => b !== 0x61).length,
+        });
+        const sent = { bytes: REUSED_BYTES, refilled: 0 };
+        const first = await request(app.url)
+          .post('/reused')
+          .set('Idempotency-Key', key)
+          .send({})
+          .buffer(true)
+          .parse(binaryParser);
+        expect(first.status).toBe(200);
+        expect(asSent(first.body as Buffer)).toEqual(sent);
+        const replay = await request(app.url)
+          .post('/reused')
+          .set('Idempotency-Key', key)
+          .send({})
+          .buffer(true)
+          .parse(binaryParser);
+        expect(replay.headers['idempotent-replayed']).toBe('true');
+        expect(asSent(replay.body as Buffer)).toEqual(sent);
+        expect(app.count('reused')).toBe(1);
       },
     );
   });

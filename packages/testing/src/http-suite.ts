@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { connect } from 'node:net';
 import { type IdempotencyStore, scopeByHeader } from '@oncely/core';
 import request from 'supertest';
-import { expectLeavingClientReleased, http1Post } from './harness-helpers';
+import { binaryParser, expectLeavingClientReleased, http1Post } from './harness-helpers';
 import { handlerFailuresSuite } from './http-suite-failures';
 import { nestedRegistrationsSuite } from './http-suite-nested';
 import {
@@ -15,6 +15,7 @@ import {
 
 export {
   type AdapterHarness,
+  type KnownGap,
   type NestedHarness,
   type RedisClientLike,
   recordingLogger,
@@ -82,16 +83,6 @@ function rawPost(url: string, path: string, keyBytes: Buffer): Promise<number> {
   });
 }
 
-/** A supertest parser that keeps any body as its bytes: `.buffer(true).parse(binaryParser)`. */
-export function binaryParser(
-  res: request.Response,
-  callback: (err: Error | null, body: Buffer) => void,
-): void {
-  const chunks: Buffer[] = [];
-  res.on('data', (chunk: Buffer) => chunks.push(chunk));
-  res.on('end', () => callback(null, Buffer.concat(chunks)));
-}
-
 /** A store whose every call fails, as a store that is down would. */
 export function brokenStore(): IdempotencyStore {
   const down = () => Promise.reject(new Error('connect ECONNREFUSED 127.0.0.1:6379'));
@@ -117,6 +108,7 @@ export function onStore(
       create: (outer, inner) =>
         harness.nested.create(outer.store === undefined ? { ...outer, store: store() } : outer, inner),
     },
+    ...(harness.knownGaps === undefined ? {} : { knownGaps: harness.knownGaps }),
   };
 }
 

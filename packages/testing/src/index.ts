@@ -6,6 +6,7 @@ export {
 } from './commands';
 export { type ConsumerProcess, sleep, startConsumerProcess, waitUntil } from './consumers';
 export {
+  binaryParser,
   expectLeavingClientReleased,
   fetchHandlerClient,
   gatedStore,
@@ -19,13 +20,13 @@ export {
 } from './harness-helpers';
 export {
   type AdapterHarness,
-  binaryParser,
   brokenStore,
   expectedBinary,
   expectedStream,
   expectedWebStream,
   httpBehaviourSuite,
   httpSuiteOnRedis,
+  type KnownGap,
   type NestedHarness,
   onStore,
   type RedisClientLike,
@@ -34,7 +35,7 @@ export {
   type TestAppOptions,
   type TestRequest,
 } from './http-suite';
-export { pipeParams, pipeSource, pipeWebSource } from './http-suite-failures';
+export { pipeParams, pipeSource, pipeWebSource, REUSED_BYTES, reusedBuffer } from './http-suite-failures';
 export {
   BufferPool,
   delayOf,

@@ -287,15 +287,17 @@ function continuation(
   headers: Record<string, string | string[]>,
 ): ReadableStream<Uint8Array> {
   let settled = false;
-  // At the stream's end, or (early) when it fails, is cancelled or is dropped unread: the engine records either
-  // as executed without a body.
-  const executed = (early = true) => {
+  // At the stream's end, or (early) when it is cancelled or dropped unread: the engine records either as executed
+  // without a body. A stream that fails is a failed handler: the key is released.
+  const settle = (how: 'complete' | 'early' | { error: unknown }) => {
     if (settled) return;
     settled = true;
     abandoned?.unregister(execution);
-    if (early) void execution.endedEarly(status, headers);
-    else void execution.complete({ status, headers, body: undefined });
+    if (how === 'complete') void execution.complete({ status, headers, body: undefined });
+    else if (how === 'early') void execution.endedEarly(status, headers);
+    else void execution.fail(how.error);
   };
+  const executed = () => settle('early');
   const body = new ReadableStream<Uint8Array>({
     async pull(controller) {
       const next = held.shift();
@@ -303,12 +305,11 @@ function continuation(
       try {
         const { done, value } = await reader.read();
         if (done) {
-          executed(false);
+          settle('complete');
           controller.close();
         } else controller.enqueue(value);
       } catch (error) {
-        // Part of the response was sent: the handler ran, so the key is kept as executed, not released.
-        executed();
+        settle({ error });
         controller.error(error);
       }
     },

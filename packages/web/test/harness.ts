@@ -6,6 +6,7 @@ import {
   expectedWebStream,
   pipeParams,
   pipeWebSource,
+  reusedBuffer,
   routeCounts,
   serveTestApp,
   type TestApp,
@@ -88,10 +89,14 @@ export function webHarness(name: string): AdapterHarness {
         }
         if (path === '/pipe') {
           count('pipe');
-          const { chunks, every } = pipeParams(url.searchParams);
-          return new Response(pipeWebSource(chunks, every), {
+          const { chunks, every, fail } = pipeParams(url.searchParams);
+          return new Response(pipeWebSource(chunks, every, fail), {
             headers: { 'content-type': 'application/octet-stream' },
           });
+        }
+        if (path === '/reused') {
+          count('reused');
+          return new Response(reusedBuffer(), { headers: { 'content-type': 'application/octet-stream' } });
         }
         return new Response('not found', { status: 404 });
       };

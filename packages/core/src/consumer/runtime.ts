@@ -1,10 +1,10 @@
-import { checkLogger, durationOption, functionOption, integerOption } from '../shared/checks';
+import { checkLogger, durationOption, inProgressOption } from '../shared/checks';
 import type { Duration } from '../shared/duration';
 import { IdempotencyOptionsError } from '../shared/errors';
 import { type DecisionOutcome, HookRunner } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
 import { hooksOf, type ObservableOptions, observedStore } from '../shared/observe';
-import { checkKey, fingerprintOf } from '../shared/protocol';
+import { checkKey, fingerprintOf, KeyProtocol } from '../shared/protocol';
 import { tell, type WarningCode } from '../shared/warnings';
 import type { IdempotencyStore, TransactionalIdempotencyStore } from '../stores/store';
 import {
@@ -12,146 +12,21 @@ import {
   IdempotencyKeyError,
   IdempotencyMismatchError,
   IdempotencyStoreError,
-  PermanentError,
-  UnstorableResultError,
 } from './errors';
-import { defaultIsPermanent, idempotentOutcome } from './idempotent';
+import { idempotentOutcome } from './idempotent';
+import {
+  CONSUMER_RETRY_OPTIONS,
+  type ConsumerRetryOptions,
+  type ConsumerRetryPolicy,
+  type ConsumerSettlement,
+  resolveConsumerRetryPolicy,
+  settlementFor,
+} from './retry';
+import { transactOnce } from './transaction';
+import { type HandedBack, settleInWorker, type WorkerDelivery, type WorkerVerbs } from './worker-settlement';
 
 // The consumers' counterpart of the HTTP engine: one place decides what happens to a delivery (run, replay, wait,
 // retry, dead-letter); a broker package reads keys from its message type and turns the settlement into its verbs.
-
-/**
- * How the broker wrappers retry: the one policy `@oncely/amqp` and `@oncely/nats` share, exported so that other
- * consumers (Kafka, SQS: see docs/consumers.md) can settle messages the same way.
- */
-export interface ConsumerRetryOptions {
-  /** Attempts a message gets before it is dead-lettered; the first delivery is attempt 1. Default: `5`. */
-  maxAttempts?: number;
-  /** Delay before a failed message is tried again, or a function of the failures so far. Default: 1s doubling, at most 60s. */
-  retryDelay?: Duration | ((failures: number) => Duration);
-  /** Delay before a message whose key is held by a running call is looked at again. Default: `'1s'`. */
-  inProgressDelay?: Duration;
-  /** Which errors no retry can fix: dead-lettered at once, and stored so duplicates are too. Default: `PermanentError`. */
-  isPermanent?: (error: unknown) => boolean;
-}
-
-/** `ConsumerRetryOptions` after validation. */
-export interface ConsumerRetryPolicy {
-  maxAttempts: number;
-  inProgressDelayMs: number;
-  isPermanent: (error: unknown) => boolean;
-  /** The delay after the `failures`-th failure, in ms (a bad value from a `retryDelay` function falls back to the default). */
-  retryDelayMs(failures: number): number;
-}
-
-/** What to do with a message, in broker-neutral words. */
-export type ConsumerSettlement =
-  /** The work is done (now, or by an earlier delivery): acknowledge. */
-  | { action: 'ack'; reason: 'executed' | 'replayed' | 'unstorable' }
-  /** Nothing ran; look at the message again after `delayMs` without counting a failure. */
-  | { action: 'delay'; reason: 'in-progress' | 'store-error'; delayMs: number }
-  /** The work failed `failures` times so far; try again after `delayMs`. */
-  | { action: 'retry'; reason: 'failed'; delayMs: number; failures: number; error: unknown }
-  /** No retry can help: hand the message to the dead-letter destination. */
-  | {
-      action: 'dead-letter';
-      reason: 'permanent' | 'mismatch' | 'invalid-key' | 'missing-key' | 'retries-exhausted';
-      error?: unknown;
-    };
-
-const CONSUMER_OPTIONS = ['maxAttempts', 'retryDelay', 'inProgressDelay', 'isPermanent'] as const;
-
-const defaultRetryDelayMs = (failures: number): number =>
-  Math.min(1000 * 2 ** Math.max(failures - 1, 0), 60_000);
-
-/** Validates the retry options (throwing `IdempotencyOptionsError`) and applies their defaults. */
-export function resolveConsumerRetryPolicy(
-  options: ConsumerRetryOptions,
-  logger?: Logger,
-): ConsumerRetryPolicy {
-  const log = logger ?? silentLogger;
-  const maxAttempts =
-    options.maxAttempts === undefined ? 5 : integerOption('maxAttempts', options.maxAttempts);
-  const inProgressDelayMs =
-    options.inProgressDelay === undefined ? 1000 : durationOption('inProgressDelay', options.inProgressDelay);
-  const isPermanent =
-    options.isPermanent === undefined
-      ? defaultIsPermanent
-      : functionOption('isPermanent', options.isPermanent);
-  const retryDelay = options.retryDelay;
-  let retryDelayMs: (failures: number) => number;
-  if (retryDelay === undefined) {
-    retryDelayMs = defaultRetryDelayMs;
-  } else if (typeof retryDelay === 'function') {
-    retryDelayMs = (failures) => {
-      try {
-        return durationOption('retryDelay', retryDelay(failures));
-      } catch (error) {
-        log.error(
-          { err: error, failures },
-          'oncely: retryDelay() failed or gave no duration; using the default',
-        );
-        return defaultRetryDelayMs(failures);
-      }
-    };
-  } else {
-    const ms = durationOption('retryDelay', retryDelay);
-    retryDelayMs = () => ms;
-  }
-  return { maxAttempts, inProgressDelayMs, isPermanent, retryDelayMs };
-}
-
-/** The names `resolveConsumerRetryPolicy` reads, for a wrapper's unknown-option check. */
-export const CONSUMER_RETRY_OPTIONS: readonly string[] = CONSUMER_OPTIONS;
-
-/**
- * Settles a message whose idempotent call threw `error`, after `failuresBefore` earlier failed attempts. A broker
- * wrapper maps the answer to its own verbs (ack, delayed requeue, nack to the dead-letter exchange, term).
- */
-export function settlementFor(
-  policy: ConsumerRetryPolicy,
-  error: unknown,
-  failuresBefore: number,
-  /**
-   * `true` when the work itself threw `error`. Then even one of oncely's own errors (an inner `idempotent()` call's
-   * in-progress or unstorable error) is the work failing, not this message's key: retried or dead-lettered, never
-   * acked or delayed for ever. Default: `false`.
-   */
-  thrownByWork = false,
-): ConsumerSettlement {
-  if (thrownByWork) return failureSettlement(policy, error, failuresBefore);
-  if (error instanceof IdempotencyInProgressError) {
-    return { action: 'delay', reason: 'in-progress', delayMs: policy.inProgressDelayMs };
-  }
-  if (error instanceof IdempotencyStoreError) {
-    return { action: 'delay', reason: 'store-error', delayMs: policy.inProgressDelayMs };
-  }
-  // The work ran once; only its (unused) result was not kept. Acking is right: redelivery would only replay this.
-  if (error instanceof UnstorableResultError) return { action: 'ack', reason: 'unstorable' };
-  if (error instanceof IdempotencyMismatchError) return { action: 'dead-letter', reason: 'mismatch', error };
-  if (error instanceof IdempotencyKeyError) return { action: 'dead-letter', reason: 'invalid-key', error };
-  return failureSettlement(policy, error, failuresBefore);
-}
-
-/** The work failed with `error`: dead-letter when permanent or out of attempts, else retry after the policy's delay. */
-function failureSettlement(
-  policy: ConsumerRetryPolicy,
-  error: unknown,
-  failuresBefore: number,
-): ConsumerSettlement {
-  let permanent = error instanceof PermanentError;
-  if (!permanent) {
-    try {
-      permanent = policy.isPermanent(error) === true;
-    } catch {
-      permanent = false;
-    }
-  }
-  if (permanent) return { action: 'dead-letter', reason: 'permanent', error };
-  const failures = failuresBefore + 1;
-  if (failures >= policy.maxAttempts) return { action: 'dead-letter', reason: 'retries-exhausted', error };
-  return { action: 'retry', reason: 'failed', delayMs: policy.retryDelayMs(failures), failures, error };
-}
 
 /** What a broker wrapper did with one delivery, for metrics and logs (`onSettled`). */
 export interface ConsumerSettledEvent<M> {
@@ -210,8 +85,15 @@ export interface ConsumerBroker<M> {
    */
   storeResults?: boolean;
   /**
-   * Runs the keyed work in one transaction with its record, instead of `idempotent()` over `options.store` (a
-   * `PostgresStore`'s `transaction()`: the record commits with the work's own writes). Gets the checked key and the
+   * The keyed work of a message, run in one transaction with its record instead of under `idempotent()`:
+   * `options.store` must then run transactions (`acquireInTransaction`: a `PostgresStore`), and `db` is the
+   * transaction's client, so the work's writes and the record commit together. The runtime runs the key protocol
+   * (checks, acquire, replay, commit or rollback) and reports it to the hooks as it does the plain path's.
+   */
+  workInTransaction?: (msg: M, key: string, db: unknown) => unknown;
+  /**
+   * Runs the keyed work in one transaction with its record through a store's own `transaction()` method, for a
+   * store without `acquireInTransaction` (prefer `workInTransaction`). Gets the checked key and the
    * message's fingerprint (`undefined` with `fingerprint: false`); what it throws is settled by `settlementFor`
    * like any other error, so `IdempotencyInProgressError` delays the message. Default: none.
    */
@@ -266,6 +148,14 @@ export interface ConsumerRuntime<M> {
   ): ConsumerSettledEvent<M>;
   /** Calls `onSettled` with `event`; its exceptions are logged and dropped (the delivery is settled already). */
   report(event: ConsumerSettledEvent<M>): void;
+  /**
+   * For a broker that counts attempts and retries failed messages itself, and whose worker holds a message while
+   * it runs (pg-boss): decides the delivery, waits in the worker for a held key while the message's expiry allows,
+   * acks or dead-letters it through `verbs` (tried again briefly on failure) and reports it to `onSettled`.
+   * Resolves to `undefined` once settled, or to why the broker must fail it (reported as its retry, or as the
+   * last attempt failed when `delivery.retries.limit` says so). Never rejects.
+   */
+  settleInWorker(msg: M, delivery: WorkerDelivery, verbs: WorkerVerbs): Promise<HandedBack | undefined>;
 }
 
 const SHARED_CONSUMER_OPTIONS = [
@@ -279,7 +169,7 @@ const SHARED_CONSUMER_OPTIONS = [
   'logger',
   'onSettled',
   'hooks',
-  ...CONSUMER_OPTIONS,
+  ...CONSUMER_RETRY_OPTIONS,
 ];
 
 /**
@@ -348,11 +238,11 @@ export function consumerRuntime<M>(
     },
     async execute(key, work) {
       if (hooks?.onExecutionStart === undefined && hooks?.onExecutionEnd === undefined) return work();
-      runner.run('onExecutionStart', { adapter: 'consumer', key }, log);
+      runner.executionStarted(key, log);
       try {
         return await work();
       } finally {
-        runner.run('onExecutionEnd', { adapter: 'consumer', key }, log);
+        runner.executionEnded(key, log);
       }
     },
   };
@@ -379,10 +269,13 @@ export function consumerRuntime<M>(
     },
   );
   // The transactional path bypasses idempotentOutcome, so it checks the key and fingerprint the same way here.
-  const { runInTransaction } = broker;
+  const { runInTransaction, workInTransaction } = broker;
+  // With inProgress: { wait }, each look at a held key may itself wait this long in the store.
+  const storeWaitMs = inProgressOption(options.inProgress) ?? 0;
   const maxKeyLength = options.maxKeyLength ?? 255;
+  const transactional =
+    workInTransaction === undefined ? undefined : transactionalProtocol(options, runner, log, broker.name);
   const inTransaction = async (
-    transaction: NonNullable<ConsumerBroker<M>['runInTransaction']>,
     msg: M,
     key: string,
     workThrew: () => void,
@@ -395,6 +288,27 @@ export function consumerRuntime<M>(
       rejected();
       throw error;
     }
+    if (workInTransaction !== undefined && transactional !== undefined) {
+      // What the work throws is marked, so that an oncely error class thrown by the work (an inner idempotent()
+      // call's) is settled as a failure of the work, not as this key's own conflict (which would delay it).
+      return transactOnce(
+        transactional.protocol,
+        key,
+        messageFingerprint,
+        transactional.ttlMs,
+        async (db: unknown) => {
+          try {
+            const value = await workInTransaction(msg, key, db);
+            return storeResults ? value : null;
+          } catch (error) {
+            workThrew();
+            throw error;
+          }
+        },
+        log,
+      );
+    }
+    const transaction = runInTransaction as NonNullable<ConsumerBroker<M>['runInTransaction']>;
     try {
       // The work runs inside the broker's transaction, past decide()'s own wrapper: what it throws is marked here,
       // so that an oncely error class thrown by the work (an inner idempotent() call's) is settled as a failure
@@ -476,9 +390,9 @@ export function consumerRuntime<M>(
       }
       try {
         const { outcome, result } =
-          runInTransaction === undefined
+          runInTransaction === undefined && transactional === undefined
             ? await run(msg, key, work)
-            : await inTransaction(runInTransaction, msg, key, () => {
+            : await inTransaction(msg, key, () => {
                 workThrew = true;
               });
         return { key, settlement: { action: 'ack', reason: outcome }, ...(storeResults ? { result } : {}) };
@@ -497,6 +411,9 @@ export function consumerRuntime<M>(
       if ('delayMs' in settlement) event.delayMs = settlement.delayMs;
       if ('error' in settlement && settlement.error !== undefined) event.error = settlement.error;
       return event;
+    },
+    settleInWorker(msg, delivery, verbs) {
+      return settleInWorker(this, storeWaitMs, msg, delivery, verbs);
     },
     report(event) {
       if (onSettled === undefined) return;
@@ -525,6 +442,33 @@ function transactionOutcome(error: unknown): DecisionOutcome | undefined {
   if (error instanceof IdempotencyMismatchError) return 'mismatch';
   if (error instanceof IdempotencyStoreError) return 'store_error';
   return undefined;
+}
+
+/**
+ * The protocol of a runtime whose work runs in the store's transactions: its store as observed (timed for
+ * `onStoreOperation`), its hooks, and the record's `ttl`. Throws `IdempotencyOptionsError` for a store that cannot.
+ */
+function transactionalProtocol<M>(
+  options: ConsumerOptions<M>,
+  runner: HookRunner,
+  log: Logger,
+  name: string,
+): { protocol: KeyProtocol; ttlMs: number } {
+  const store = options.store as Partial<TransactionalIdempotencyStore> | undefined;
+  if (store === undefined || typeof store.acquireInTransaction !== 'function') {
+    throw new IdempotencyOptionsError(
+      'store',
+      `must be a store that runs transactions (a PostgresStore from @oncely/postgres) for ${name}'s transactional mode.`,
+    );
+  }
+  const observed = observedStore(store as TransactionalIdempotencyStore, 'consumer', runner.hooks, (event) =>
+    runner.run('onStoreOperation', event, log),
+  );
+  // The open transaction holds the key: the lease only bounds how long a duplicate is told to wait.
+  return {
+    protocol: new KeyProtocol(observed, runner, 30_000),
+    ttlMs: options.ttl === undefined ? 86_400_000 : durationOption('ttl', options.ttl),
+  };
 }
 
 function checkOnMissingKey(value: unknown): boolean {

@@ -1,5 +1,13 @@
-import type { TransactionalIdempotencyStore } from '../stores/store';
-import { IdempotencyInProgressError, IdempotencyMismatchError, IdempotencyStoreError } from './errors';
+import { HookRunner } from '../shared/hooks';
+import { type Logger, silentLogger } from '../shared/logger';
+import { KeyProtocol, verdictOf } from '../shared/protocol';
+import type {
+  CompletedResult,
+  TransactionAcquiredResult,
+  TransactionalIdempotencyStore,
+} from '../stores/store';
+import { IdempotencyStoreError } from './errors';
+import { replayResult } from './result-codec';
 
 export interface StoreTransactionOptions {
   /** Compared with a completed record's; `undefined`: not checked (and stored as ''). */
@@ -15,61 +23,93 @@ export interface StoreTransactionOptions {
  * and its record commit together (a consumer's side effects in the same database). A duplicate gets the stored
  * result (`replayed`); a duplicate of a transaction still open gets `IdempotencyInProgressError`; a key reused with
  * another fingerprint gets `IdempotencyMismatchError`; a store that fails to begin gets `IdempotencyStoreError` (its
- * `cause` the store's error); an error thrown by `work` rolls everything back and is re-thrown. The result is stored as JSON. `PostgresStore.transaction()` and the transactional consumers
- * (`@oncely/pg-boss`) run on this, the latter over the store as the consumer runtime observes it (timed, with the
- * work counted in flight).
+ * `cause` the store's error); an error thrown by `work` rolls everything back and is re-thrown. The result is stored
+ * as JSON. `PostgresStore.transaction()` runs on this; the transactional consumers (`@oncely/pg-boss`) run on the
+ * same protocol through the consumer runtime, which reports it to their hooks.
  */
-export async function runStoreTransaction<T, Db = unknown>(
+export function runStoreTransaction<T, Db = unknown>(
   store: TransactionalIdempotencyStore,
   key: string,
   options: StoreTransactionOptions,
   work: (db: Db) => Promise<T>,
 ): Promise<{ outcome: 'executed' | 'replayed'; result: T }> {
-  const fingerprint = options.fingerprint ?? '';
+  const protocol = new KeyProtocol(
+    store,
+    new HookRunner({}, 'consumer', new Set()),
+    options.lockTimeoutMs ?? 30_000,
+  );
+  return transactOnce(protocol, key, options.fingerprint, options.ttlMs, work, silentLogger);
+}
+
+/**
+ * `runStoreTransaction` on a wrapper's protocol: its store (as observed), hooks and lease. Decisions go to
+ * `onDecision` as idempotent() reports them, except that a run whose transaction rolled back or failed to commit is
+ * counted by nobody (nothing it did was kept: the retry decides again). The work runs as an execution in flight.
+ */
+export async function transactOnce<T, Db>(
+  protocol: KeyProtocol,
+  key: string,
+  fingerprint: string | undefined,
+  ttlMs: number,
+  work: (db: Db) => Promise<T>,
+  log: Logger,
+): Promise<{ outcome: 'executed' | 'replayed'; result: T }> {
+  const hooks = protocol.hooks;
   let acquired: Awaited<ReturnType<TransactionalIdempotencyStore['acquireInTransaction']>>;
   try {
-    acquired = await store.acquireInTransaction(key, {
-      fingerprint,
-      lockTimeoutMs: options.lockTimeoutMs ?? 30_000,
-    });
+    acquired = (await protocol.acquireInTransaction(key, fingerprint ?? '')) as typeof acquired;
   } catch (error) {
     // Nothing ran: the same error as idempotent()'s, so that a consumer delays the message (a store outage is not
     // a failure of the work) and reports the decision as store_error.
+    protocol.acquireFailed(key, error, undefined, log);
     throw new IdempotencyStoreError(key, 'acquire', { cause: error });
   }
-  if (acquired.status === 'in_progress') throw new IdempotencyInProgressError(key, acquired.retryAfterMs);
-  if (acquired.status === 'completed') {
-    if (options.fingerprint !== undefined && acquired.fingerprint !== fingerprint)
-      throw new IdempotencyMismatchError(key);
+  const verdict = verdictOf(acquired, fingerprint ?? '', fingerprint !== undefined);
+  if (verdict === 'completed') {
+    hooks.decided('replayed', key, undefined, log);
     return {
       outcome: 'replayed',
-      result: JSON.parse(Buffer.from(acquired.response.body).toString('utf8')) as T,
+      result: replayResult<T>(undefined, key, (acquired as CompletedResult).response),
     };
   }
-  const { transaction } = acquired;
+  // A duplicate of a transaction still open is not waited for here: the consumer delays it.
+  if (verdict !== 'acquired') throw protocol.refusal(verdict, key, acquired, undefined, log);
+  const { transaction } = acquired as TransactionAcquiredResult;
+  hooks.executionStarted(key, log);
   let result: T;
   let body: Buffer;
   try {
-    result = await work(transaction.db as Db);
-    const json = JSON.stringify(result);
-    if (json === undefined)
-      throw new TypeError(
-        `oncely: the result of the work for key ${JSON.stringify(key)} is not JSON-serialisable (got ${typeof result}); nothing was committed.`,
+    try {
+      result = await work(transaction.db as Db);
+      const json = JSON.stringify(result);
+      if (json === undefined)
+        throw new TypeError(
+          `oncely: the result of the work for key ${JSON.stringify(key)} is not JSON-serialisable (got ${typeof result}); nothing was committed.`,
+        );
+      body = Buffer.from(json);
+    } catch (error) {
+      await protocol.rollBack(transaction, key, 'error', undefined, log);
+      throw error;
+    }
+    let committed: boolean;
+    try {
+      committed = await transaction.commit(
+        { status: 200, headers: { 'content-type': 'application/json' }, body },
+        ttlMs,
       );
-    body = Buffer.from(json);
-  } catch (error) {
-    await transaction.rollback();
-    throw error;
+    } catch (error) {
+      protocol.commitFailed(key, error, log);
+      throw error;
+    }
+    protocol.completed(key, committed, 200, log);
+    if (!committed) {
+      throw new Error(
+        `oncely: the record for key ${JSON.stringify(key)} could not be completed; nothing was committed.`,
+      );
+    }
+  } finally {
+    hooks.executionEnded(key, log);
   }
-  if (
-    !(await transaction.commit(
-      { status: 200, headers: { 'content-type': 'application/json' }, body },
-      options.ttlMs,
-    ))
-  ) {
-    throw new Error(
-      `oncely: the record for key ${JSON.stringify(key)} could not be completed; nothing was committed.`,
-    );
-  }
+  hooks.decided('executed', key, undefined, log);
   return { outcome: 'executed', result };
 }

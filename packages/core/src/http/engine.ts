@@ -85,10 +85,10 @@ export class Idempotency<Req = unknown> {
    * wrapper timing each operation (shared/observe.ts).
    */
   readonly observedStore: IdempotencyStore;
-  /** @internal The guarded runner of this engine's hooks, shared with its executions. */
-  readonly hooks: HookRunner;
-  /** @internal What its executions do with each answer of the store (completion, release, renewal). */
-  readonly protocol: KeyProtocol;
+  /** The guarded runner of this engine's hooks. */
+  readonly #hooks: HookRunner;
+  /** What the engine and its executions do with each answer of the store; each execution is handed it. */
+  readonly #protocol: KeyProtocol;
 
   constructor(
     options: IdempotencyOptions<Req> = {},
@@ -100,11 +100,11 @@ export class Idempotency<Req = unknown> {
     this.#warned = base === undefined ? new Set() : base.#warned;
     const log = this.options.logger ?? silentLogger;
     const hooks = new HookRunner(this.options.hooks, 'http', this.#warned);
-    this.hooks = hooks;
+    this.#hooks = hooks;
     this.observedStore = observedStore(this.options.store, 'http', this.options.hooks, (event) =>
       hooks.run('onStoreOperation', event, log),
     );
-    this.protocol = new KeyProtocol(this.observedStore, hooks, this.options.lockTimeoutMs);
+    this.#protocol = new KeyProtocol(this.observedStore, hooks, this.options.lockTimeoutMs);
   }
 
   /** An engine with `overrides` over this one's options (a route's options over its plugin's). */
@@ -182,7 +182,7 @@ export class Idempotency<Req = unknown> {
     if (this.passes(input.method, raw !== undefined)) return PASS;
     if (raw === undefined) {
       log.debug({ header: o.header }, 'oncely: idempotency key missing');
-      this.hooks.decided('rejected', undefined, undefined, log);
+      this.#hooks.decided('rejected', undefined, undefined, log);
       return this.#problem(
         400,
         'keyMissing',
@@ -197,7 +197,7 @@ export class Idempotency<Req = unknown> {
         clientKey.problem === 'too-long'
           ? `The ${o.header} header is longer than ${o.maxKeyLength} characters.`
           : `The ${o.header} header ${KEY_PROBLEM_DETAIL[clientKey.problem]}.`;
-      this.hooks.decided('rejected', undefined, undefined, log);
+      this.#hooks.decided('rejected', undefined, undefined, log);
       return this.#problem(400, 'keyInvalid', 'Invalid idempotency key', detail);
     }
 
@@ -265,12 +265,13 @@ export class Idempotency<Req = unknown> {
       switch (verdictOf(result, fingerprint, o.fingerprint !== false)) {
         case 'acquired': {
           const acquired = result as AcquiredResult | TransactionAcquiredResult;
-          this.hooks.run('onMiss', { key }, log);
-          this.hooks.decided('executed', key, wait?.start, log);
+          this.#hooks.run('onMiss', { key }, log);
+          this.#hooks.decided('executed', key, wait?.start, log);
           return {
             action: 'execute',
             execution: new Execution(
               this,
+              this.#protocol,
               key,
               clientKey,
               acquired.token,
@@ -280,8 +281,8 @@ export class Idempotency<Req = unknown> {
           };
         }
         case 'completed':
-          this.hooks.run('onHit', { key }, log);
-          this.hooks.decided('replayed', key, wait?.start, log);
+          this.#hooks.run('onHit', { key }, log);
+          this.#hooks.decided('replayed', key, wait?.start, log);
           return {
             action: 'respond',
             response: this.#replayOf((result as CompletedResult).response),
@@ -292,11 +293,11 @@ export class Idempotency<Req = unknown> {
         case 'in_progress': {
           const { retryAfterMs } = result as InProgressResult;
           if (wait === undefined) {
-            this.hooks.run('onConflict', { key, retryAfterMs }, log);
+            this.#hooks.run('onConflict', { key, retryAfterMs }, log);
             if (o.waitMs !== undefined) wait = new Wait(o.waitMs);
           }
-          if (wait === undefined || !(await wait.next(this.protocol.store, key, retryAfterMs))) {
-            this.hooks.decided('conflict', key, wait?.start, log);
+          if (wait === undefined || !(await wait.next(this.#protocol.store, key, retryAfterMs))) {
+            this.#hooks.decided('conflict', key, wait?.start, log);
             return this.#conflict();
           }
           try {
@@ -352,13 +353,13 @@ export class Idempotency<Req = unknown> {
     this.#unscopedWarning.given = true;
     const message = `oncely: a request with ${header === 'authorization' ? 'an Authorization' : 'a Cookie'} header is covered without a scope, so every caller shares one key space and a caller sending another's key gets that caller's stored response; set scope to the authenticated identity (scope: (req) => req.user.id, or scopeByHeader('authorization', { secret }) for API keys), or scope: false if one key space is intended. Said once. ${UNSCOPED_DOCS}`;
     tell(log, 'warn', 'ONCELY_UNSCOPED_CREDENTIALS', { header, docs: UNSCOPED_DOCS }, message, this.#warned);
-    this.hooks.run('onUnscopedCredentials', { header }, log);
+    this.#hooks.run('onUnscopedCredentials', { header }, log);
   }
 
   #acquire(key: string, fingerprint: string): Promise<AcquireResult | TransactionAcquiredResult> {
     return this.options.transactional
-      ? this.protocol.acquireInTransaction(key, fingerprint)
-      : this.protocol.acquire(key, fingerprint);
+      ? this.#protocol.acquireInTransaction(key, fingerprint)
+      : this.#protocol.acquire(key, fingerprint);
   }
 
   #problem(
@@ -376,8 +377,8 @@ export class Idempotency<Req = unknown> {
   }
 
   #mismatch(key: string, log: Logger, waitStart: number | undefined): HttpDecision {
-    this.hooks.run('onMismatch', { key }, log);
-    this.hooks.decided('mismatch', key, waitStart, log);
+    this.#hooks.run('onMismatch', { key }, log);
+    this.#hooks.decided('mismatch', key, waitStart, log);
     log.info({ key }, 'oncely: idempotency key reused with a different request');
     return this.#problem(
       422,
@@ -421,8 +422,7 @@ export class Idempotency<Req = unknown> {
     clientKey: string,
     waitStart: number | undefined,
   ): HttpDecision {
-    this.hooks.run('onStoreError', { key, operation: 'acquire', error }, log);
-    this.hooks.decided('store_error', key, waitStart, log);
+    this.#protocol.acquireFailed(key, error, waitStart, log);
     if (this.options.failOpen) {
       this.#storeUnavailable(
         log,
@@ -431,7 +431,10 @@ export class Idempotency<Req = unknown> {
         key,
         'store unavailable; running the handler WITHOUT idempotency protection (fail-open)',
       );
-      return { action: 'execute', execution: new Execution(this, key, clientKey, undefined, log) };
+      return {
+        action: 'execute',
+        execution: new Execution(this, this.#protocol, key, clientKey, undefined, log),
+      };
     }
     this.#storeUnavailable(log, 'error', error, key, 'store unavailable; answering 503 (fail-closed)');
     return this.#problem(

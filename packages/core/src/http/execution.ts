@@ -1,6 +1,6 @@
 import type { ReleaseEvent } from '../shared/hooks';
 import type { Logger } from '../shared/logger';
-import { Lease } from '../shared/protocol';
+import { type KeyProtocol, Lease } from '../shared/protocol';
 import type { StoredResponse, StoreTransaction } from '../stores/store';
 import type { Idempotency } from './engine';
 import { OMITTED_BODY_HEADER, type OutgoingHeaderValue, storableHeaders } from './headers';
@@ -35,6 +35,7 @@ export class Execution {
    */
   readonly bufferLimit: number;
   readonly #engine: Idempotency<never>;
+  readonly #protocol: KeyProtocol;
   readonly #token: string | undefined;
   readonly #log: Logger;
   readonly #transaction: StoreTransaction | undefined;
@@ -42,9 +43,10 @@ export class Execution {
   #settled = false;
   #headersBefore: Readonly<Record<string, OutgoingHeaderValue>> | undefined;
 
-  /** @internal created by the engine */
+  /** @internal created by the engine, which hands it its protocol (no member of the engine's public type) */
   constructor(
     engine: Idempotency<never>,
+    protocol: KeyProtocol,
     key: string,
     clientKey: string,
     token: string | undefined,
@@ -52,6 +54,7 @@ export class Execution {
     transaction?: StoreTransaction,
   ) {
     this.#engine = engine;
+    this.#protocol = protocol;
     this.key = key;
     this.clientKey = clientKey;
     this.#token = token;
@@ -60,12 +63,9 @@ export class Execution {
     this.protected = token !== undefined;
     this.maxBodyBytes = engine.options.maxBodyBytes;
     this.bufferLimit = transaction === undefined ? this.maxBodyBytes : Number.POSITIVE_INFINITY;
-    if (engine.options.hooks.onExecutionStart !== undefined)
-      engine.hooks.run('onExecutionStart', { adapter: 'http', key }, log);
+    protocol.hooks.executionStarted(key, log);
     this.#lease =
-      token !== undefined && transaction === undefined
-        ? new Lease(engine.protocol, key, token, log)
-        : undefined;
+      token !== undefined && transaction === undefined ? new Lease(protocol, key, token, log) : undefined;
   }
 
   /** The transaction's database client in transactional mode (`req.idempotency.db`); otherwise `undefined`. */
@@ -121,7 +121,7 @@ export class Execution {
       body = EMPTY;
     }
     if (this.#transaction !== undefined) return this.#commit({ status: captured.status, headers, body });
-    const protocol = this.#engine.protocol;
+    const protocol = this.#protocol;
     try {
       const stored = await protocol.store.complete(
         this.key,
@@ -141,14 +141,10 @@ export class Execution {
     const transaction = this.#transaction as StoreTransaction;
     try {
       const committed = await transaction.commit(response, this.#engine.options.ttlMs);
-      this.#engine.protocol.completed(this.key, committed, response.status, this.#log);
+      this.#protocol.completed(this.key, committed, response.status, this.#log);
       if (committed) return undefined;
     } catch (error) {
-      this.#engine.hooks.run('onStoreError', { key: this.key, operation: 'complete', error }, this.#log);
-      this.#log.error(
-        { err: error, key: this.key },
-        'oncely: the transaction did not commit; nothing the handler wrote was kept',
-      );
+      this.#protocol.commitFailed(this.key, error, this.#log);
     }
     return problemResponse(
       {
@@ -235,24 +231,14 @@ export class Execution {
     if (this.#settled) return true;
     this.#settled = true;
     this.#lease?.stop();
-    if (this.#engine.options.hooks.onExecutionEnd !== undefined)
-      this.#engine.hooks.run('onExecutionEnd', { adapter: 'http', key: this.key }, this.#log);
+    this.#protocol.hooks.executionEnded(this.key, this.#log);
     return false;
   }
 
   async #release(reason: ReleaseEvent['reason'], status?: number): Promise<void> {
-    const protocol = this.#engine.protocol;
+    const protocol = this.#protocol;
     if (this.#transaction !== undefined) {
-      try {
-        await this.#transaction.rollback();
-        protocol.released(this.key, true, reason, status, this.#log);
-      } catch (error) {
-        protocol.hooks.run('onStoreError', { key: this.key, operation: 'release', error }, this.#log);
-        this.#log.error(
-          { err: error, key: this.key },
-          'oncely: rollback failed; the database ends the transaction when the connection closes',
-        );
-      }
+      await protocol.rollBack(this.#transaction, this.key, reason, status, this.#log);
       return;
     }
     try {

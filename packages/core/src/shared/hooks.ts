@@ -190,6 +190,18 @@ export class HookRunner {
     }
   }
 
+  /** Reports an execution begun under `key` to `onExecutionStart`; no event is made when it is not set. */
+  executionStarted(key: string, log: Logger): void {
+    if (this.hooks.onExecutionStart !== undefined)
+      this.run('onExecutionStart', { adapter: this.adapter, key }, log);
+  }
+
+  /** Reports the end of the execution `executionStarted` announced to `onExecutionEnd`. */
+  executionEnded(key: string, log: Logger): void {
+    if (this.hooks.onExecutionEnd !== undefined)
+      this.run('onExecutionEnd', { adapter: this.adapter, key }, log);
+  }
+
   /** Reports a final decision to `onDecision`; nothing to do (no clock, no event) when it is not set. */
   decided(
     outcome: DecisionOutcome,

@@ -1,7 +1,14 @@
-import { IdempotencyKeyError } from '../consumer/errors';
+import {
+  IdempotencyInProgressError,
+  IdempotencyKeyError,
+  IdempotencyMismatchError,
+  IdempotencyStoreError,
+} from '../consumer/errors';
 import type {
   AcquireResult,
   IdempotencyStore,
+  InProgressResult,
+  StoreTransaction,
   TransactionAcquiredResult,
   TransactionalIdempotencyStore,
 } from '../stores/store';
@@ -22,6 +29,7 @@ interface ProtocolTexts {
   written(what: string): string;
   notStored(what: string): string;
   notReleased: string;
+  notCommitted: string;
 }
 
 const TEXTS: Record<AdapterKind, ProtocolTexts> = {
@@ -33,6 +41,7 @@ const TEXTS: Record<AdapterKind, ProtocolTexts> = {
     notStored: (what) =>
       `oncely: could not store ${what}; a retry after the lease ends will run the handler again`,
     notReleased: 'oncely: could not release the key; it frees itself when its lease ends',
+    notCommitted: 'oncely: the transaction did not commit; nothing the handler wrote was kept',
   },
   consumer: {
     fenced:
@@ -42,6 +51,7 @@ const TEXTS: Record<AdapterKind, ProtocolTexts> = {
     notStored: (what) =>
       `oncely: could not store ${what}; once the lease ends, a retry with this key runs the function again`,
     notReleased: 'oncely: could not release the key after a failure; it frees itself when its lease ends',
+    notCommitted: 'oncely: the transaction did not commit; nothing the work wrote was kept',
   },
 };
 
@@ -76,6 +86,38 @@ export class KeyProtocol {
       fingerprint,
       lockTimeoutMs: this.lockTimeoutMs,
     });
+  }
+
+  /** The acquire failed (or timed out): reported as a store error, and as the decision `store_error`. */
+  acquireFailed(key: string, error: unknown, waitStart: number | undefined, log: Logger): void {
+    this.hooks.run('onStoreError', { key, operation: 'acquire', error }, log);
+    this.hooks.decided('store_error', key, waitStart, log);
+  }
+
+  /**
+   * What a call or a message is told when its acquire's verdict runs nothing and replays nothing (the key is held,
+   * reused with another fingerprint, or the store answered nonsense): the decision is reported and its error
+   * returned, for the caller to throw.
+   */
+  refusal(
+    verdict: 'in_progress' | 'mismatch' | 'unknown',
+    key: string,
+    result: AcquireResult,
+    waitStart: number | undefined,
+    log: Logger,
+  ): Error {
+    switch (verdict) {
+      case 'in_progress':
+        this.hooks.decided('conflict', key, waitStart, log);
+        return new IdempotencyInProgressError(key, (result as InProgressResult).retryAfterMs);
+      case 'mismatch':
+        this.hooks.decided('mismatch', key, waitStart, log);
+        return new IdempotencyMismatchError(key);
+      default:
+        // A store bug, not a decision: refuse rather than guess.
+        this.hooks.decided('store_error', key, waitStart, log);
+        return new IdempotencyStoreError(key, 'acquire', { cause: unknownStatusError(result) });
+    }
   }
 
   /** The store's answer to a completion: stored, or refused because this token no longer owns the key. */
@@ -130,6 +172,35 @@ export class KeyProtocol {
         ? notConfirmed('the release')
         : this.#texts.notReleased,
     );
+  }
+
+  /** A transaction's commit (its completion) failed: nothing the work wrote was kept. */
+  commitFailed(key: string, error: unknown, log: Logger): void {
+    this.hooks.run('onStoreError', { key, operation: 'complete', error }, log);
+    log.error({ err: error, key }, this.#texts.notCommitted);
+  }
+
+  /**
+   * Rolls a transaction back (its release: the record and the work's writes go) and reports it. Never throws: a
+   * failed rollback is reported, and the database ends the transaction when the connection closes.
+   */
+  async rollBack(
+    transaction: StoreTransaction,
+    key: string,
+    reason: ReleaseEvent['reason'],
+    status: number | undefined,
+    log: Logger,
+  ): Promise<void> {
+    try {
+      await transaction.rollback();
+      this.released(key, true, reason, status, log);
+    } catch (error) {
+      this.hooks.run('onStoreError', { key, operation: 'release', error }, log);
+      log.error(
+        { err: error, key },
+        'oncely: rollback failed; the database ends the transaction when the connection closes',
+      );
+    }
   }
 
   /** The store refused a write because this token no longer owns the key: its lease ran out unrenewed. */

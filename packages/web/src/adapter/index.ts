@@ -7,4 +7,4 @@ export {
   respondOnce,
   toResponse,
   type WebExchange,
-} from './respond';
+} from '../respond';

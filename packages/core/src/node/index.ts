@@ -1,0 +1,13 @@
+/**
+ * `@oncely/core/node`: what the Node adapters (Express, Fastify, Koa) share to capture a response, kept out of the
+ * main entry so that edge runtimes (`@oncely/web`, Hono) load nothing of Node's.
+ */
+export {
+  type BodyChunk,
+  closedByClient,
+  type NodeResponseHead,
+  type ReadUpTo,
+  ResponseCapture,
+  readUpTo,
+  toChunk,
+} from './capture';
