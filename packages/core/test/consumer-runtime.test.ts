@@ -8,7 +8,7 @@ import {
   type StoredResponse,
   UnstorableResultError,
 } from '../src';
-import { type AcquireOptions, type ConsumerOptions, consumerRuntime } from '../src/adapter';
+import { type AcquireOptions, type ConsumerOptions, consumerRuntime, type WorkerVerbs } from '../src/adapter';
 
 /** A broker's message, as a wrapper would see it. */
 interface Message {
@@ -417,6 +417,33 @@ describe('consumerRuntime: the transactional path the runtime runs itself (workI
       ),
     ).toThrow(IdempotencyOptionsError);
   });
+
+  test('lockTimeout and inProgress, which the open transaction makes moot, are refused at construction by name', () => {
+    const transactional = { ...broker, workInTransaction: () => null };
+    const refusal = (options: ConsumerOptions<Message>): unknown => {
+      try {
+        consumerRuntime<Message>(
+          () => {},
+          { store: new TransactionalMemoryStore(), ...options },
+          transactional,
+        );
+      } catch (error) {
+        return error;
+      }
+      return undefined;
+    };
+    for (const [option, options] of [
+      ['lockTimeout', { lockTimeout: '5s' }],
+      ['inProgress', { inProgress: { wait: '2s' } }],
+      ['inProgress', { inProgress: 'reject' }],
+    ] as const) {
+      const error = refusal(options);
+      expect(error).toBeInstanceOf(IdempotencyOptionsError);
+      expect((error as IdempotencyOptionsError).option).toBe(option);
+      expect((error as Error).message).toContain('@oncely/test-broker');
+    }
+    expect(refusal({})).toBeUndefined();
+  });
 });
 
 describe('consumerRuntime.settleInWorker: for brokers that retry themselves and hold a message while it runs', () => {
@@ -531,6 +558,22 @@ describe('consumerRuntime.settleInWorker: for brokers that retry themselves and 
       },
     );
     expect(failing).toEqual({ id: 'job-1', key: 'w', reason: 'settle-failed', error: blip });
+  });
+
+  test("the runtime's methods work destructured (a wrapper may pass them around)", async () => {
+    const events: string[] = [];
+    const { settleInWorker, decide, settledEvent, report } = runtimeWith({
+      onSettled: (e) => void events.push(`${e.action}:${e.reason}`),
+    });
+    const acked: unknown[] = [];
+    const verbs: WorkerVerbs = { ack: async (result) => void acked.push(result), deadLetter: async () => {} };
+    expect(await settleInWorker({ id: 'd', body: 'x' }, delivery(), verbs)).toBeUndefined();
+    expect(acked).toEqual([undefined]);
+    expect(events).toEqual(['ack:executed']);
+    const decision = await decide({ id: 'd', body: 'x' }, 0);
+    expect(decision.settlement).toEqual({ action: 'ack', reason: 'replayed' });
+    report(settledEvent({ id: 'd', body: 'x' }, 'd', decision.settlement, 0));
+    expect(events).toEqual(['ack:executed', 'ack:replayed']);
   });
 });
 

@@ -107,7 +107,8 @@ export function statements(schema: string, table: string) {
     get: `SELECT state, fingerprint, token, coalesce(${ms('lock_expires_at')}, 0) AS lock_ms, status, headers, body,
         ${ms('expires_at')} AS expires_ms
       FROM ${t} WHERE key = $1 AND expires_at > clock_timestamp()`,
-    delete: `DELETE FROM ${t} WHERE key = $1`,
+    /** $1 key. `live` is false for a row whose lease or TTL ran out and that the reaper has not removed yet. */
+    delete: `DELETE FROM ${t} WHERE key = $1 RETURNING expires_at > clock_timestamp() AS live`,
     /**
      * Transactional mode: a transaction-scoped advisory lock on the key, tried, never waited for: a duplicate of a
      * running transaction learns "in progress" at once instead of blocking on its uncommitted row.

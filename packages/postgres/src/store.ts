@@ -200,7 +200,8 @@ export class PostgresStore implements TransactionalIdempotencyStore {
   }
 
   async delete(key: string): Promise<boolean> {
-    return (await this.#pool.query(this.#sql.delete, [key])).rowCount === 1;
+    const { rows } = await this.#pool.query<{ live: boolean }>(this.#sql.delete, [key]);
+    return rows[0]?.live === true;
   }
 
   /**

@@ -110,6 +110,51 @@ export function storeSuite(runner: TestRunner, options: StoreSuiteOptions): void
       }
     });
 
+    test('an in_progress answer writes nothing: the holder keeps its fingerprint, lease and token', async () => {
+      const k = key();
+      const held = await store.acquire(k, { fingerprint: 'fp-1', lockTimeoutMs: 30_000 });
+      if (held.status !== 'acquired') throw new Error(`expected acquired, got ${held.status}`);
+      await sleep(shortMs);
+      const first = await store.acquire(k, { fingerprint: 'fp-2', lockTimeoutMs: 60_000 });
+      if (first.status !== 'in_progress') throw new Error(`expected in_progress, got ${first.status}`);
+      assert.equal(first.fingerprint, 'fp-1');
+      const second = await store.acquire(k, { fingerprint: 'fp-3', lockTimeoutMs: 60_000 });
+      if (second.status !== 'in_progress') throw new Error(`expected in_progress, got ${second.status}`);
+      assert.equal(second.fingerprint, 'fp-1', 'an in_progress answer changed the stored fingerprint');
+      // A store that wrote the caller's lease would answer close to 60000 now.
+      assert.ok(
+        second.retryAfterMs <= first.retryAfterMs + 10,
+        `the lease grew after an in_progress answer: ${first.retryAfterMs} then ${second.retryAfterMs} ms`,
+      );
+      assert.equal(await store.complete(k, held.token, response(binaryBody(5)), 60_000), true);
+      const done = await store.acquire(k, { fingerprint: 'fp-4', lockTimeoutMs: 30_000 });
+      if (done.status !== 'completed') throw new Error(`expected completed, got ${done.status}`);
+      assert.equal(done.fingerprint, 'fp-1', 'an in_progress answer changed the stored fingerprint');
+      assert.equal(done.response.body.byteLength, 5);
+    });
+
+    test("retryAfterMs is the lease's remaining time", async () => {
+      const k = key();
+      const started = Date.now();
+      const held = await store.acquire(k, { fingerprint: 'fp-1', lockTimeoutMs: 30_000 });
+      const acquiredBy = Date.now();
+      if (held.status !== 'acquired') throw new Error(`expected acquired, got ${held.status}`);
+      await sleep(shortMs * 2);
+      const asked = Date.now();
+      const answer = await store.acquire(k, lock);
+      const answered = Date.now();
+      if (answer.status !== 'in_progress') throw new Error(`expected in_progress, got ${answer.status}`);
+      // The lease began between `started` and `acquiredBy` and was read between `asked` and `answered`; a store
+      // whose expiry is coarse gets half of shortMs either side.
+      const slack = Math.max(20, shortMs / 2);
+      const most = acquiredBy + 30_000 - asked + slack;
+      const least = started + 30_000 - answered - slack;
+      assert.ok(
+        answer.retryAfterMs >= least && answer.retryAfterMs <= most,
+        `retryAfterMs ${answer.retryAfterMs} must be the lease's remaining time, between ${least} and ${most}`,
+      );
+    });
+
     test('100 concurrent acquires over 20 keys: exactly one owner per key', async () => {
       const keys = Array.from({ length: 20 }, (_, i) => key(`multi-${i}`));
       const results = await Promise.all(
@@ -269,6 +314,19 @@ export function storeSuite(runner: TestRunner, options: StoreSuiteOptions): void
       assert.equal((await store.acquire(k, lock)).status, 'acquired');
     });
 
+    test('a lease that ran out cannot be renewed or released even if nobody took it over', async () => {
+      const k = key();
+      const first = await store.acquire(k, { fingerprint: 'fp-1', lockTimeoutMs: shortMs });
+      if (first.status !== 'acquired') throw new Error('expected acquired');
+      await sleep(shortMs * 3);
+      assert.equal(await store.renew(k, first.token, 30_000), false, 'renew revived a lease that ran out');
+      assert.equal(await store.release(k, first.token), false);
+      assert.equal(await store.complete(k, first.token, response(), 60_000), false);
+      const next = await store.acquire(k, lock);
+      if (next.status !== 'acquired') throw new Error(`expected acquired, got ${next.status}`);
+      assert.notEqual(next.token, first.token);
+    });
+
     test('renew extends a live lease', async () => {
       const k = key();
       const first = await store.acquire(k, { fingerprint: 'fp-1', lockTimeoutMs: shortMs * 2 });
@@ -310,28 +368,71 @@ export function storeSuite(runner: TestRunner, options: StoreSuiteOptions): void
       assert.equal(done?.response?.body.byteLength, 3);
       assert.equal(await store.delete(k), true);
       assert.equal(await store.get(k), undefined);
+      assert.equal(await store.delete(k), false);
       assert.equal((await store.acquire(k, lock)).status, 'acquired');
     });
 
-    test('waitFor, when the store has it, wakes a waiter when the record completes', async () => {
-      if (!store.waitFor) return;
+    test('get and delete, when the store has them, see no record whose lease or TTL ran out', async () => {
+      if (!store.get || !store.delete) return;
+      const lease = key('lease');
+      const done = key('done');
+      assert.equal(
+        (await store.acquire(lease, { fingerprint: 'fp-1', lockTimeoutMs: shortMs })).status,
+        'acquired',
+      );
+      const first = await store.acquire(done, lock);
+      if (first.status !== 'acquired') throw new Error('expected acquired');
+      assert.equal(await store.complete(done, first.token, response(), shortMs), true);
+      await sleep(shortMs * 3);
+      for (const k of [lease, done]) {
+        assert.equal(await store.get(k), undefined);
+        assert.equal(await store.delete(k), false, 'delete found a record whose lease or TTL ran out');
+      }
+    });
+
+    /**
+     * Holds a new key, waits on it, checks the waiter sleeps while the lease is live, then ends the lease with
+     * `end` and checks the waiter wakes. Resolves to the key.
+     */
+    const wakesWhen = async (
+      what: string,
+      end: (k: string, token: string) => Promise<unknown>,
+      waitFor: NonNullable<IdempotencyStore['waitFor']>,
+    ): Promise<string> => {
       const k = key();
       const first = await store.acquire(k, lock);
       if (first.status !== 'acquired') throw new Error('expected acquired');
       let woke = false;
-      const waiting = store.waitFor(k, 20_000).then(() => {
+      const waiting = waitFor(k, 20_000).then(() => {
         woke = true;
       });
       await sleep(shortMs);
-      assert.equal(woke, false, 'waitFor resolved while the lease was live and nothing completed');
-      await store.complete(k, first.token, response(), 60_000);
+      assert.equal(woke, false, `waitFor resolved while the lease was live, before ${what}`);
+      await end(k, first.token);
       const started = Date.now();
       await waiting;
       // Generous bound: a waiter that only woke at its 20s timeout would fail this.
-      assert.ok(Date.now() - started < 10_000, 'waitFor did not wake on completion');
+      assert.ok(Date.now() - started < 10_000, `waitFor did not wake on ${what}`);
       assert.equal(woke, true);
+      return k;
+    };
+
+    test('waitFor, when the store has it, wakes a waiter when the record completes', async () => {
+      if (!store.waitFor) return;
+      const waitFor = store.waitFor.bind(store);
+      await wakesWhen('completion', (k, token) => store.complete(k, token, response(), 60_000), waitFor);
       // Not held at all: resolves at once.
-      await store.waitFor(key('free'), 20_000);
+      await waitFor(key('free'), 20_000);
+    });
+
+    test('waitFor, when the store has it, wakes a waiter when the lease is released', async () => {
+      if (!store.waitFor) return;
+      const k = await wakesWhen(
+        'release',
+        async (k, token) => assert.equal(await store.release(k, token), true),
+        store.waitFor.bind(store),
+      );
+      assert.equal((await store.acquire(k, lock)).status, 'acquired');
     });
   });
 }

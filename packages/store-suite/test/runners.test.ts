@@ -21,7 +21,7 @@ const count = (output: string, what: 'pass' | 'fail'): number =>
 test('under node:test, MemoryStore passes every test of the suite', () => {
   const { status, output } = runUnderNodeTest({ BROKEN: '0' });
   expect({ status, fail: count(output, 'fail') }).toEqual({ status: 0, fail: 0 });
-  expect(count(output, 'pass')).toBe(16);
+  expect(count(output, 'pass')).toBe(21);
 });
 
 test('under node:test, a store whose release ignores the token fails the fencing tests', () => {
@@ -34,5 +34,14 @@ test('under node:test, a store whose release ignores the token fails the fencing
       'a completed record cannot be completed again, released or renewed',
       'an expired lease is taken over with a new token; the stale token is fenced off',
     ]),
+  );
+});
+
+test('under node:test, a store whose in_progress answer overwrites the fingerprint fails the suite', () => {
+  const { status, output } = runUnderNodeTest({ BROKEN: 'in-progress-writes' });
+  expect(status).not.toBe(0);
+  const failed = [...output.matchAll(/^\s*not ok \d+ - (.+)$/gm)].map((match) => match[1]);
+  expect(failed).toContain(
+    'an in_progress answer writes nothing: the holder keeps its fingerprint, lease and token',
   );
 });

@@ -18,6 +18,8 @@ export {
   type TransactionObservation,
 } from '../consumer/runtime';
 export { runStoreTransaction, type StoreTransactionOptions } from '../consumer/transaction';
+// The types of settleInWorker (pg-boss), which ConsumerRuntime names.
+export type { BrokerRetries, HandedBack, WorkerDelivery, WorkerVerbs } from '../consumer/worker-settlement';
 export type { HttpDecision, HttpRequestInput } from '../http/engine';
 export { type CapturedResponse, Execution } from '../http/execution';
 export { canonicalJson, defaultFingerprint } from '../http/fingerprint';

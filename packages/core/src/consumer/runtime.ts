@@ -89,6 +89,7 @@ export interface ConsumerBroker<M> {
    * `options.store` must then run transactions (`acquireInTransaction`: a `PostgresStore`), and `db` is the
    * transaction's client, so the work's writes and the record commit together. The runtime runs the key protocol
    * (checks, acquire, replay, commit or rollback) and reports it to the hooks as it does the plain path's.
+   * `lockTimeout` and `inProgress` have no effect on it and are refused (`IdempotencyOptionsError`).
    */
   workInTransaction?: (msg: M, key: string, db: unknown) => unknown;
   /**
@@ -334,7 +335,8 @@ export function consumerRuntime<M>(
     }
   };
 
-  return {
+  // Methods close over this object rather than read `this`, so a wrapper may pass them around destructured.
+  const runtime: ConsumerRuntime<M> = {
     policy,
     log,
     async decide(msg, failuresBefore, givenWork = () => handler(msg)) {
@@ -413,7 +415,7 @@ export function consumerRuntime<M>(
       return event;
     },
     settleInWorker(msg, delivery, verbs) {
-      return settleInWorker(this, storeWaitMs, msg, delivery, verbs);
+      return settleInWorker(runtime, storeWaitMs, msg, delivery, verbs);
     },
     report(event) {
       if (onSettled === undefined) return;
@@ -430,6 +432,7 @@ export function consumerRuntime<M>(
       }
     },
   };
+  return runtime;
 }
 
 /**
@@ -461,10 +464,23 @@ function transactionalProtocol<M>(
       `must be a store that runs transactions (a PostgresStore from @oncely/postgres) for ${name}'s transactional mode.`,
     );
   }
+  // The open transaction holds the key and a crashed worker's rolls back: a lease to set or a holder to wait for in
+  // the store would be silently ignored, so these are refused.
+  for (const [option, why] of [
+    ['lockTimeout', 'the open transaction holds the key, and a crashed worker releases it at once'],
+    ['inProgress', 'a duplicate of a running transaction is told at once that the key is held, and delayed'],
+  ] as const) {
+    if (options[option] !== undefined) {
+      throw new IdempotencyOptionsError(
+        option,
+        `has no effect in ${name}'s transactional mode: ${why}. Remove it.`,
+      );
+    }
+  }
   const observed = observedStore(store as TransactionalIdempotencyStore, 'consumer', runner.hooks, (event) =>
     runner.run('onStoreOperation', event, log),
   );
-  // The open transaction holds the key: the lease only bounds how long a duplicate is told to wait.
+  // The open transaction holds the key: the lease is never seen by another caller.
   return {
     protocol: new KeyProtocol(observed, runner, 30_000),
     ttlMs: options.ttl === undefined ? 86_400_000 : durationOption('ttl', options.ttl),

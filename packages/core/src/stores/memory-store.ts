@@ -275,7 +275,8 @@ export class MemoryStore implements IdempotencyStore {
       this.#dropStaleHeapItems();
     } else this.#removeLease(entry);
     this.#wake(key);
-    return true;
+    // A record whose lease or TTL ran out was not there for any other method either (only not yet swept).
+    return entry.expiresAt > clock();
   }
 
   waitFor(key: string, timeoutMs: number): Promise<void> {

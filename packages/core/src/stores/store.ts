@@ -53,7 +53,8 @@ export type AcquireResult = AcquiredResult | InProgressResult | CompletedResult;
  *
  * Keys are any string (the engine joins the scope and the key: spaces, braces, non-ASCII), and two different
  * strings are two records; a store may prefix them. Durations are whole milliseconds, at least 1. Expiry is
- * exact when read: a lease or TTL that ran out is absent to every method, even if the store deletes it later.
+ * exact when read: a lease or TTL that ran out is absent to every method (`get` gives `undefined`, `delete`
+ * resolves `false`), even if the store deletes it later.
  *
  * Ownership: a token owns its record from `acquire` until the record completes, is released, or its lease runs
  * out. `complete`, `release` and `renew` act and resolve `true` only while the token owns the record, and
@@ -69,9 +70,11 @@ export interface IdempotencyStore {
    *   token (opaque, never handed out twice for a key, such as a random UUID);
    * - an in-progress record with a live lease: `in_progress`, with the holder's fingerprint and the lease's
    *   remaining time (`retryAfterMs`, above 0 and at most the lease), which the engine sends as `Retry-After`;
-   * - a completed record within its TTL: `completed`, with its fingerprint and a copy of its response, which the
-   *   caller may change without changing the record.
-   * Of any number of concurrent calls for one free key, exactly one is `acquired`. Only `acquired` writes. The
+   * - a completed record within its TTL: `completed`, with its fingerprint and its response. The caller must not
+   *   change that response: its headers may be frozen and shared with later answers. Its body is the caller's own
+   *   copy: a write into those bytes changes no later answer.
+   * Of any number of concurrent calls for one free key, exactly one is `acquired`. Only `acquired` writes: an
+   * `in_progress` or `completed` answer leaves the record, its fingerprint and its lease as they were. The
    * store does not compare fingerprints (the engine does, and answers 422); it gives back the stored one as it
    * was given. A rejection is a store error (503, or no protection with `fail-open`): if the write may still land
    * (a timeout), release the token behind it (`undoAcquire`), or the key stays blocked until the lease ends.
@@ -90,19 +93,26 @@ export interface IdempotencyStore {
   complete(key: string, token: string, response: StoredResponse, ttlMs: number): Promise<boolean>;
   /**
    * Deletes the token's in-progress record, so that the next `acquire` takes the key (the handler failed, its
-   * status is not cacheable, or its client left). Only while the token owns a live lease: otherwise `false`,
-   * nothing deleted. After a rejection the key frees itself when the lease ends.
+   * status is not cacheable, or its client left). Only while the token owns a live lease: otherwise (another
+   * token, completed, lease over even with nobody taking it over: the key is free already) `false`, nothing
+   * deleted. After a rejection the key frees itself when the lease ends.
    */
   release(key: string, token: string): Promise<boolean>;
   /**
    * Moves the token's lease end to `lockTimeoutMs` from now. Only while the token owns a live lease (a lease
-   * that ran out is not revived): otherwise `false`. The engine renews every third of `lockTimeout` while the
+   * that ran out is not revived, even with nobody taking it over): otherwise `false`, nothing written. The engine renews every third of `lockTimeout` while the
    * work runs; it stops at `false` (fenced) and tries again after a rejection.
    */
   renew(key: string, token: string, lockTimeoutMs: number): Promise<boolean>;
-  /** The live record under `key`, if any, with times as epoch milliseconds and a copy of its response. */
+  /**
+   * The live record under `key`, if any, with times as epoch milliseconds and its response as `acquire` gives it
+   * (not to be changed: headers may be frozen; the body is the caller's own copy).
+   */
   get?(key: string): Promise<IdempotencyRecord | undefined>;
-  /** Removes the record under `key` whatever its state; `true` if there was one. The engine never calls it. */
+  /**
+   * Removes the record under `key` whatever its state; `true` if there was a live one (a record whose lease or
+   * TTL ran out counts as none, even if it was still stored). The engine never calls it.
+   */
   delete?(key: string): Promise<boolean>;
   /**
    * Resolves once `key` is no longer held by a live lease (completed, released or gone), or after `timeoutMs`,
@@ -123,8 +133,11 @@ export interface StoreTransaction {
   /** The database client of the transaction, handed to the handler (a `pg` `PoolClient` for PostgresStore). */
   readonly db: unknown;
   /**
-   * Writes the completed record and commits. Resolves `true` once committed; rejects if the commit failed, in
-   * which case nothing the handler wrote survived.
+   * Writes the completed record and commits. Resolves `true` once committed; `false` when the record is no longer
+   * this transaction's to complete (PostgresStore: it rolls back, nothing committed); rejects if the commit failed,
+   * in which case nothing the handler wrote survived either. On `false` the runtime reports the key as fenced
+   * (`onFenced`) and rejects with an error saying nothing was committed: a consumer settles it as a failure
+   * (the message is retried), and `PostgresStore.transaction()` rejects with it.
    */
   commit(response: StoredResponse, ttlMs: number): Promise<boolean>;
   /** Rolls everything back: the record and the handler's writes. */
