@@ -41,8 +41,6 @@ let charges = 0;
 await channel.consume(
   queue,
   idempotentConsumer(
-    channel,
-    queue,
     async (msg) => {
       const order = JSON.parse(msg.content.toString()) as { amount?: number };
       charges++;
@@ -52,6 +50,8 @@ await channel.consume(
       );
     },
     {
+      channel,
+      queue,
       store: new RedisStore({ client: redis, prefix }),
       key: 'messageId', // the producer's id for the order: the same for every copy of the message
       onSettled: (event) => {

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { consumerRuntime } from '@oncely/core';
+import { consumerRuntime } from '@oncely/core/adapter';
 import { Kafka, type KafkaMessage } from 'kafkajs';
 import { chargeCard, type Order, store } from './app.js';
 

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { ChangeMessageVisibilityCommand, SendMessageCommand, SQSClient } from '@aws-sdk/client-sqs';
-import { consumerRuntime } from '@oncely/core';
+import { consumerRuntime } from '@oncely/core/adapter';
 import type { SQSBatchItemFailure, SQSBatchResponse, SQSEvent, SQSRecord } from 'aws-lambda';
 import { chargeCard, type Order, store } from './app.js';
 

@@ -1,11 +1,11 @@
 import { createHash } from 'node:crypto';
+import { IdempotencyOptionsError } from '@oncely/core';
 import {
   type ConsumerOptions,
   type ConsumerSettledEvent,
   type ConsumerSettlement,
   consumerRuntime,
-  IdempotencyOptionsError,
-} from '@oncely/core';
+} from '@oncely/core/adapter';
 import type { ConfirmChannel, ConsumeMessage, Options } from 'amqplib';
 
 /** Where a message's idempotency key comes from. */
@@ -28,6 +28,13 @@ export type AmqpSettledEvent = ConsumerSettledEvent<ConsumeMessage>;
  * nacked without requeue (to the queue's dead-letter exchange) unless `onMissingKey: 'process'`.
  */
 export interface AmqpConsumerOptions extends ConsumerOptions<ConsumeMessage> {
+  /**
+   * The confirm channel the callback consumes on (`await connection.createConfirmChannel()`): delayed messages are
+   * re-published on it, and the original is acked only once the broker confirms the copy. Required.
+   */
+  channel: ConfirmChannel;
+  /** The queue the callback consumes from: delayed and retried messages are routed back to it. Required. */
+  queue: string;
   /** Where the key comes from. Default: `'messageId'`. */
   key?: AmqpKeySource;
   /** Extra arguments for the delay queues (e.g. `{ 'x-queue-type': 'quorum' }`). Default: none. */
@@ -71,15 +78,16 @@ const DROPPED_PROPERTIES = new Set(['expiration', 'userId', 'clusterId', 'header
  * must be a confirm channel (`connection.createConfirmChannel()`), and the one the callback consumes on:
  *
  * ```ts
- * await channel.consume('orders', idempotentConsumer(channel, 'orders', handler, { store }));
+ * await channel.consume('orders', idempotentConsumer(handler, { channel, queue: 'orders', store }));
  * ```
+ *
+ * The arguments come in the order of every oncely wrapper: the handler, then the options.
  */
 export function idempotentConsumer(
-  channel: ConfirmChannel,
-  queue: string,
   handler: (msg: ConsumeMessage) => unknown,
-  options: AmqpConsumerOptions = {},
+  options: AmqpConsumerOptions,
 ): (msg: ConsumeMessage | null) => Promise<void> {
+  const { channel, queue } = (options ?? {}) as Partial<AmqpConsumerOptions>;
   if (
     channel === null ||
     typeof channel !== 'object' ||
@@ -99,7 +107,7 @@ export function idempotentConsumer(
   }
   const runtime = consumerRuntime(handler, options, {
     name: '@oncely/amqp',
-    options: ['key', 'delayQueueArguments'],
+    options: ['channel', 'queue', 'key', 'delayQueueArguments'],
     keyOf: resolveKeySource(options?.key),
     fingerprint: bodyHash,
   });

@@ -72,7 +72,7 @@ interface Consumer {
 async function consume(
   queue: string,
   handler: (msg: ConsumeMessage) => unknown,
-  options: AmqpConsumerOptions,
+  options: Omit<AmqpConsumerOptions, 'channel' | 'queue'>,
   prefetch = 10,
 ): Promise<Consumer> {
   const channel = await connection.createConfirmChannel();
@@ -80,8 +80,10 @@ async function consume(
   const events: Consumer['events'] = [];
   await channel.consume(
     queue,
-    idempotentConsumer(channel, queue, handler, {
+    idempotentConsumer(handler, {
       ...options,
+      channel,
+      queue,
       onSettled: (event) => {
         events.push({ ...event, at: Date.now() });
         // Remember delay queues so afterAll can delete them.
@@ -336,7 +338,7 @@ test('the store is down: the message is delayed without counting a failure, and 
 describe('options are checked at construction', () => {
   test('a channel that is not a confirm channel is refused', async () => {
     const plain = await connection.createChannel();
-    expect(() => idempotentConsumer(plain as ConfirmChannel, 'q', () => {})).toThrow(
+    expect(() => idempotentConsumer(() => {}, { channel: plain as ConfirmChannel, queue: 'q' })).toThrow(
       /option "channel" must be an amqplib confirm channel/,
     );
     await plain.close();
@@ -356,7 +358,7 @@ describe('options are checked at construction', () => {
   ])('%p is refused, naming %s', (options, name) => {
     let error: unknown;
     try {
-      idempotentConsumer(admin, 'q', () => {}, options as never);
+      idempotentConsumer(() => {}, { channel: admin, queue: 'q', ...(options as object) } as never);
     } catch (e) {
       error = e;
     }
@@ -365,7 +367,13 @@ describe('options are checked at construction', () => {
   });
 
   test('an empty queue name is refused', () => {
-    expect(() => idempotentConsumer(admin, '', () => {})).toThrow(/option "queue"/);
+    expect(() => idempotentConsumer(() => {}, { channel: admin, queue: '' })).toThrow(/option "queue"/);
+  });
+
+  test('a missing channel or queue is refused, naming it', () => {
+    expect(() => idempotentConsumer(() => {}, { queue: 'q' } as never)).toThrow(/option "channel"/);
+    expect(() => idempotentConsumer(() => {}, { channel: admin } as never)).toThrow(/option "queue"/);
+    expect(() => idempotentConsumer(() => {}, undefined as never)).toThrow(IdempotencyOptionsError);
   });
 });
 

@@ -1,15 +1,12 @@
 import { createHash } from 'node:crypto';
+import { IdempotencyOptionsError, type Jsonified, type JsonStorable, PermanentError } from '@oncely/core';
 import {
   type ConsumerOptions,
   type ConsumerSettledEvent,
   type ConsumerSettlement,
   canonicalJson,
   consumerRuntime,
-  IdempotencyOptionsError,
-  type Jsonified,
-  type JsonStorable,
-  PermanentError,
-} from '@oncely/core';
+} from '@oncely/core/adapter';
 import {
   DelayedError,
   type Job,

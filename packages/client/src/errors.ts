@@ -64,3 +64,9 @@ export class IdempotentFetchError extends Error {
     this.response = details.response;
   }
 }
+
+// `instanceof OncelyError` (@oncely/core's base of every error oncely throws) reads this registered symbol, so that
+// these errors are oncely's without this package depending on @oncely/core.
+for (const errorClass of [IdempotentFetchOptionsError, IdempotentFetchError]) {
+  Object.defineProperty(errorClass.prototype, Symbol.for('oncely.error'), { value: true });
+}

@@ -5,7 +5,7 @@ import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
-import { parseDuration } from '@oncely/core';
+import { OncelyError, parseDuration } from '@oncely/core';
 import { freePort } from '@oncely/testing';
 import {
   type AttemptOutcome,
@@ -48,6 +48,7 @@ describe('options are checked once, when idempotentFetch is called', () => {
     } catch (error) {
       expect(error).toBeInstanceOf(IdempotentFetchOptionsError);
       expect(error).toBeInstanceOf(TypeError);
+      expect(error).toBeInstanceOf(OncelyError);
       expect((error as IdempotentFetchOptionsError).option).toBe('maxAttempts');
     }
   });
@@ -281,6 +282,7 @@ describe('retry rules', () => {
       { method: 'POST' },
     ).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(IdempotentFetchError);
+    expect(error).toBeInstanceOf(OncelyError);
     const failure = error as IdempotentFetchError;
     expect(failure.attempts.map(statusOf)).toEqual(['timeout', 'timeout', 'timeout']);
     expect(failure.message).toMatch(/1: timeout after \d+ ms; 2: timeout/);

@@ -1,7 +1,4 @@
 import {
-  type AcquireOptions,
-  type ConsumerOptions,
-  consumerRuntime,
   type IdempotencyHooks,
   IdempotencyInProgressError,
   IdempotencyMismatchError,
@@ -10,8 +7,8 @@ import {
   PermanentError,
   type StoredResponse,
   UnstorableResultError,
-  type WorkerVerbs,
 } from '../src';
+import { type AcquireOptions, type ConsumerOptions, consumerRuntime, type WorkerVerbs } from '../src/adapter';
 
 /** A broker's message, as a wrapper would see it. */
 interface Message {

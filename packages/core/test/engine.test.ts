@@ -1,11 +1,5 @@
-import {
-  type HttpDecision,
-  type HttpRequestInput,
-  Idempotency,
-  IdempotencyOptionsError,
-  type IdempotencyStore,
-  MemoryStore,
-} from '@oncely/core';
+import { Idempotency, IdempotencyOptionsError, type IdempotencyStore, MemoryStore } from '@oncely/core';
+import type { HttpDecision, HttpRequestInput } from '@oncely/core/adapter';
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 

@@ -1,11 +1,5 @@
-import {
-  type HttpDecision,
-  type HttpRequestInput,
-  Idempotency,
-  type IdempotencyStore,
-  type Logger,
-  MemoryStore,
-} from '@oncely/core';
+import { Idempotency, type IdempotencyStore, type Logger, MemoryStore } from '@oncely/core';
+import type { HttpDecision, HttpRequestInput } from '@oncely/core/adapter';
 
 // What Execution decides for a response it cannot judge (an invalid status, a throwing cacheable) and for a
 // response that ended before it was complete: the same for every adapter, which only reports what happened.

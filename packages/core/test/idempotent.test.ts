@@ -13,10 +13,9 @@ import {
   type Logger,
   MemoryStore,
   PermanentError,
-  resolveConsumerRetryPolicy,
-  settlementFor,
   UnstorableResultError,
 } from '@oncely/core';
+import { resolveConsumerRetryPolicy, settlementFor } from '@oncely/core/adapter';
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 

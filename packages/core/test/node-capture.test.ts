@@ -1,4 +1,5 @@
-import { type HttpDecision, type HttpRequestInput, Idempotency, MemoryStore } from '@oncely/core';
+import { Idempotency, MemoryStore } from '@oncely/core';
+import type { HttpDecision, HttpRequestInput } from '@oncely/core/adapter';
 import { closedByClient, ResponseCapture } from '@oncely/core/node';
 
 // The capture the Node adapters share: what it holds, and the one decision it takes for each way a response ends.

@@ -1,14 +1,13 @@
 import {
-  type AcquireOptions,
   composeHooks,
   type DecisionEvent,
   Idempotency,
   idempotent,
   MemoryStore,
-  OBSERVERS,
   type StoredResponse,
   type StoreOperationEvent,
 } from '@oncely/core';
+import { type AcquireOptions, OBSERVERS } from '@oncely/core/adapter';
 import { hooksOf, hooksOver, type ObservableOptions } from '../src/shared/observe';
 
 // OBSERVERS from the built package and ObservableOptions from the source are two declarations of one symbol.

@@ -1,4 +1,5 @@
-import { canonicalJson, type Duration, defaultFingerprint, parseDuration, parseKey } from '@oncely/core';
+import { type Duration, parseDuration } from '@oncely/core';
+import { canonicalJson, defaultFingerprint, parseKey } from '@oncely/core/adapter';
 
 describe('parseDuration', () => {
   test.each([

@@ -1,4 +1,4 @@
-import { undoAcquire } from '@oncely/core';
+import { undoAcquire } from '@oncely/core/adapter';
 import { waitUntil } from '@oncely/testing';
 
 describe('undoAcquire: releasing a lease behind an acquire that failed on the client', () => {

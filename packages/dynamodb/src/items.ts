@@ -1,5 +1,6 @@
 import type { AttributeValue } from '@aws-sdk/client-dynamodb';
-import type { IdempotencyRecord, StoredResponse } from '@oncely/core';
+import type { StoredResponse } from '@oncely/core';
+import type { IdempotencyRecord } from '@oncely/core/adapter';
 
 /**
  * The item layout. One item per record, under the partition key (`prefix` + key):
@@ -45,8 +46,6 @@ export const MAX_CHUNKS = 25;
  * answers by moving the body out of the item.
  */
 export const FINGERPRINT_ALLOWANCE = 1024;
-/** Marks a stored response whose body was not kept; the engine replays it as a 410 (core's engine.ts). */
-export const OMITTED_BODY_HEADER = 'x-oncely-body-omitted';
 
 const utf8 = (value: string) => Buffer.byteLength(value, 'utf8');
 // A DynamoDB number takes at most 21 bytes.

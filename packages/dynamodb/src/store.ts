@@ -13,13 +13,9 @@ import {
   UpdateTimeToLiveCommand,
   type WriteRequest,
 } from '@aws-sdk/client-dynamodb';
-import type {
-  AcquireOptions,
-  AcquireResult,
-  IdempotencyRecord,
-  IdempotencyStore,
-  StoredResponse,
-} from '@oncely/core';
+import type { AcquireResult, IdempotencyStore, StoredResponse } from '@oncely/core';
+import { IdempotencyOptionsError } from '@oncely/core';
+import { type AcquireOptions, type IdempotencyRecord, OMITTED_BODY_HEADER } from '@oncely/core/adapter';
 import {
   ATTR,
   completedItemBytes,
@@ -28,7 +24,6 @@ import {
   MAX_ITEM_BYTES,
   MAX_KEY_BYTES,
   n,
-  OMITTED_BODY_HEADER,
   type ParsedRecord,
   parseItem,
   RESERVED_ATTRIBUTES,
@@ -78,7 +73,7 @@ const TABLE_NAME = /^[A-Za-z0-9_.-]{3,255}$/;
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 function fail(option: string, message: string): never {
-  throw new TypeError(`oncely/dynamodb: option "${option}" ${message}`);
+  throw new IdempotencyOptionsError(option, message, 'oncely/dynamodb');
 }
 
 function attributeName(option: string, value: unknown, fallback: string): string {
@@ -128,8 +123,10 @@ export class DynamoDBStore implements IdempotencyStore {
 
   constructor(options: DynamoDBStoreOptions) {
     if (options === null || typeof options !== 'object') {
-      throw new TypeError(
-        'oncely/dynamodb: options are required: new DynamoDBStore({ client: new DynamoDBClient({}), tableName }).',
+      throw new IdempotencyOptionsError(
+        'client',
+        'is required (no options were given): new DynamoDBStore({ client: new DynamoDBClient({}), tableName }).',
+        'oncely/dynamodb',
       );
     }
     const client: unknown = options.client;

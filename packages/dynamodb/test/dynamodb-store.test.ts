@@ -7,6 +7,7 @@ import {
   UpdateTimeToLiveCommand,
 } from '@aws-sdk/client-dynamodb';
 import type { StoredResponse } from '@oncely/core';
+import { IdempotencyOptionsError } from '@oncely/core';
 import { idempotency } from '@oncely/express';
 import { freePort } from '@oncely/testing';
 import express from 'express';
@@ -58,6 +59,8 @@ describe('options', () => {
   ])('a bad %s is refused at construction, naming the option', (option, override) => {
     const options = { ...valid(), ...override } as unknown as DynamoDBStoreOptions;
     expect(() => new DynamoDBStore(options)).toThrow(`option "${option}"`);
+    expect(() => new DynamoDBStore(options)).toThrow(expect.objectContaining({ option }));
+    expect(() => new DynamoDBStore(options)).toThrow(IdempotencyOptionsError);
   });
 
   test('missing options are refused with an example', () => {

@@ -1,13 +1,10 @@
 import {
-  conflictingOptions,
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
-  type Registration,
-  refuseNested,
-  registrationOf,
   type StoredResponse,
 } from '@oncely/core';
+import { conflictingOptions, type Registration, refuseNested, registrationOf } from '@oncely/core/adapter';
 import { closedByClient, ResponseCapture } from '@oncely/core/node';
 import type { ErrorRequestHandler, NextFunction, Request, RequestHandler, Response } from 'express';
 

@@ -4,10 +4,9 @@ import {
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
-  nestedEngine,
-  registrationOf,
   type StoredResponse,
 } from '@oncely/core';
+import { nestedEngine, registrationOf } from '@oncely/core/adapter';
 import { ResponseCapture } from '@oncely/core/node';
 import type {
   FastifyInstance,

@@ -3,13 +3,11 @@ import {
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
-  nestedEngine,
-  type Registration,
-  registrationOf,
   type ScopeByHeaderOptions,
   type StoredResponse,
 } from '@oncely/core';
-import { HandlerFailure, KnownBody, registrationMade, respondOnce, toResponse } from '@oncely/web';
+import { nestedEngine, type Registration, registrationOf } from '@oncely/core/adapter';
+import { HandlerFailure, KnownBody, registrationMade, respondOnce, toResponse } from '@oncely/web/adapter';
 import type { Context, Env, MiddlewareHandler } from 'hono';
 
 /**

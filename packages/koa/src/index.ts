@@ -1,14 +1,16 @@
 import { Readable } from 'node:stream';
 import {
-  conflictingOptions,
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
+  type StoredResponse,
+} from '@oncely/core';
+import {
+  conflictingOptions,
   type Registration,
   refuseNested,
   registrationOf,
-  type StoredResponse,
-} from '@oncely/core';
+} from '@oncely/core/adapter';
 import { ResponseCapture } from '@oncely/core/node';
 import type { Context, Middleware, Next } from 'koa';
 

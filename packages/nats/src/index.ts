@@ -1,14 +1,13 @@
 import { createHash } from 'node:crypto';
 import type { JsMsg } from '@nats-io/jetstream';
+import { type Duration, IdempotencyOptionsError } from '@oncely/core';
 import {
   type ConsumerOptions,
   type ConsumerSettledEvent,
   type ConsumerSettlement,
   consumerRuntime,
-  type Duration,
   durationOption,
-  IdempotencyOptionsError,
-} from '@oncely/core';
+} from '@oncely/core/adapter';
 
 /**
  * The part of a JetStream message the wrapper uses. `JsMsg` from `@nats-io/jetstream` (and from the older `nats`

@@ -34,7 +34,8 @@ import {
   UseInterceptors,
 } from '@nestjs/common';
 import { APP_INTERCEPTOR } from '@nestjs/core';
-import { type IdempotencyStore, MemoryStore, OBSERVERS } from '@oncely/core';
+import { type IdempotencyStore, MemoryStore } from '@oncely/core';
+import { OBSERVERS } from '@oncely/core/adapter';
 import { idempotency } from '@oncely/express';
 import { idempotencyPlugin } from '@oncely/fastify';
 import { binaryParser, routeCounts, type TestApp } from '@oncely/testing';

@@ -6,11 +6,11 @@ import {
   type ExecutionEvent,
   type IdempotencyHooks,
   IdempotencyOptionsError,
-  OBSERVERS,
   type StoreOperation,
   type StoreOperationEvent,
   type UnconfirmedWriteEvent,
 } from '@oncely/core';
+import { OBSERVERS } from '@oncely/core/adapter';
 import {
   type Attributes,
   context,

@@ -60,7 +60,9 @@ test('every consumer outcome is counted, annotates the message span, and carries
     const channel = await connection.createConfirmChannel();
     await channel.prefetch(1);
     channels.push(channel);
-    const consume = idempotentConsumer(channel, queue, handler, {
+    const consume = idempotentConsumer(handler, {
+      channel,
+      queue,
       store,
       inProgressDelay: 150,
       retryDelay: 150,

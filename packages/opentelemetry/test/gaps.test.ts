@@ -3,15 +3,8 @@ import { request as httpRequest, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { pipeline, Readable } from 'node:stream';
-import {
-  type AcquireOptions,
-  consumerRuntime,
-  Idempotency,
-  idempotent,
-  MemoryStore,
-  type StoredResponse,
-  type StoreTransaction,
-} from '@oncely/core';
+import { Idempotency, idempotent, MemoryStore, type StoredResponse } from '@oncely/core';
+import { type AcquireOptions, consumerRuntime, type StoreTransaction } from '@oncely/core/adapter';
 import { idempotency } from '@oncely/express';
 import { idempotencyPlugin } from '@oncely/fastify';
 import { otel } from '@oncely/opentelemetry';

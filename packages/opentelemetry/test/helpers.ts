@@ -1,5 +1,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import { type AcquireOptions, type AcquireResult, MemoryStore, type StoredResponse } from '@oncely/core';
+import { type AcquireResult, MemoryStore, type StoredResponse } from '@oncely/core';
+import type { AcquireOptions } from '@oncely/core/adapter';
 import { waitUntil } from '@oncely/testing';
 import { type Attributes, context, SpanKind, trace } from '@opentelemetry/api';
 import {

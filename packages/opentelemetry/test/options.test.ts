@@ -1,11 +1,5 @@
-import {
-  composeHooks,
-  Idempotency,
-  IdempotencyOptionsError,
-  idempotent,
-  MemoryStore,
-  OBSERVERS,
-} from '@oncely/core';
+import { composeHooks, Idempotency, IdempotencyOptionsError, idempotent, MemoryStore } from '@oncely/core';
+import { OBSERVERS } from '@oncely/core/adapter';
 import { otel, otelHooks } from '@oncely/opentelemetry';
 import { context, trace } from '@opentelemetry/api';
 import {

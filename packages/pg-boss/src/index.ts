@@ -1,15 +1,17 @@
 import { createHash } from 'node:crypto';
 import {
-  type ConsumerBroker,
-  type ConsumerOptions,
-  type ConsumerSettledEvent,
-  consumerRuntime,
   type Duration,
   IdempotencyOptionsError,
   type IdempotencyStore,
   type JsonStorable,
-  type TransactionalIdempotencyStore,
 } from '@oncely/core';
+import {
+  type ConsumerBroker,
+  type ConsumerOptions,
+  type ConsumerSettledEvent,
+  consumerRuntime,
+  type TransactionalIdempotencyStore,
+} from '@oncely/core/adapter';
 
 /** What the wrapper reads of a pg-boss job (`PgBoss.Job`, or `JobWithMetadata` with `includeMetadata: true`). */
 export interface PgBossJob<T = unknown> {

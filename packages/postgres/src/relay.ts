@@ -1,15 +1,18 @@
 import {
-  type AcquireOptions,
   type AcquireResult,
   type CompletedResult,
   type Duration,
-  type IdempotencyRecord,
+  IdempotencyOptionsError,
   type InProgressResult,
   parseDuration,
   type StoredResponse,
-  type TransactionAcquiredResult,
-  type TransactionalIdempotencyStore,
 } from '@oncely/core';
+import type {
+  AcquireOptions,
+  IdempotencyRecord,
+  TransactionAcquiredResult,
+  TransactionalIdempotencyStore,
+} from '@oncely/core/adapter';
 import { hold } from './client';
 import type { PostgresStore } from './store';
 
@@ -62,23 +65,31 @@ export class OutboxRelay {
   #stopped = true;
 
   constructor(options: OutboxRelayOptions) {
-    if (options?.store === undefined || options.cache === undefined) {
-      throw new TypeError(
-        'oncely/postgres: OutboxRelay needs options "store" (a PostgresStore) and "cache" (a RedisStore).',
-      );
+    for (const option of ['store', 'cache'] as const) {
+      if (options?.[option] === undefined) {
+        throw new IdempotencyOptionsError(
+          option,
+          'is required: OutboxRelay needs options "store" (a PostgresStore) and "cache" (a RedisStore).',
+          'oncely/postgres',
+        );
+      }
     }
     // Without the outbox nothing is queued (and migrate() made no outbox table): the relay would never copy a thing.
     if (!options.store.queuesOutbox) {
-      throw new TypeError(
-        'oncely/postgres: OutboxRelay needs a store created with outbox: true (new PostgresStore({ pool, outbox: true })), so that completions are queued for it.',
+      throw new IdempotencyOptionsError(
+        'store',
+        'must be a store created with outbox: true (new PostgresStore({ pool, outbox: true })), so that completions are queued for the OutboxRelay.',
+        'oncely/postgres',
       );
     }
     this.#store = options.store;
     this.#cache = options.cache;
     this.#batchSize = options.batchSize ?? 100;
     if (!Number.isSafeInteger(this.#batchSize) || this.#batchSize < 1) {
-      throw new TypeError(
-        `oncely/postgres: option "batchSize" must be a positive integer; got ${JSON.stringify(options.batchSize)}.`,
+      throw new IdempotencyOptionsError(
+        'batchSize',
+        `must be a positive integer; got ${JSON.stringify(options.batchSize)}.`,
+        'oncely/postgres',
       );
     }
     this.#intervalMs = parseDuration(options.interval ?? '1s');

@@ -1,3 +1,5 @@
+import { IdempotencyOptionsError } from '@oncely/core';
+
 /**
  * Every statement of the store, built once per store from its (validated, quoted) table name. Times are the
  * database's: `clock_timestamp()` (not `now()`, which is frozen at the start of a transaction, and the
@@ -9,8 +11,10 @@ const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
 
 export function checkIdentifier(option: string, value: string): string {
   if (typeof value !== 'string' || !IDENTIFIER.test(value)) {
-    throw new TypeError(
-      `oncely/postgres: option "${option}" must be a plain SQL identifier (letters, digits, _; at most 63); got ${JSON.stringify(value)}.`,
+    throw new IdempotencyOptionsError(
+      option,
+      `must be a plain SQL identifier (letters, digits, _; at most 63); got ${JSON.stringify(value)}.`,
+      'oncely/postgres',
     );
   }
   return value;

@@ -1,19 +1,22 @@
 import { randomUUID } from 'node:crypto';
 import {
-  type AcquireOptions,
   type AcquireResult,
   type CompletedResult,
   type Duration,
-  type IdempotencyRecord,
+  IdempotencyOptionsError,
   type InProgressResult,
   parseDuration,
-  runStoreTransaction,
   type StoredResponse,
+} from '@oncely/core';
+import {
+  type AcquireOptions,
+  type IdempotencyRecord,
+  runStoreTransaction,
   type StoreTransaction,
   type TransactionAcquiredResult,
   type TransactionalIdempotencyStore,
   undoAcquire,
-} from '@oncely/core';
+} from '@oncely/core/adapter';
 import type { Pool, PoolClient, QueryResultRow } from 'pg';
 import { hold } from './client';
 import { checkIdentifier, type Statements, statements } from './sql';
@@ -87,14 +90,16 @@ export class PostgresStore implements TransactionalIdempotencyStore {
 
   constructor(options: PostgresStoreOptions) {
     if (options === null || typeof options !== 'object' || typeof options.pool?.query !== 'function') {
-      throw new TypeError(
-        'oncely/postgres: option "pool" is required: new PostgresStore({ pool: new pg.Pool() }).',
+      throw new IdempotencyOptionsError(
+        'pool',
+        'is required: new PostgresStore({ pool: new pg.Pool() }).',
+        'oncely/postgres',
       );
     }
     const schema = checkIdentifier('schema', options.schema ?? 'public');
     const table = checkIdentifier('table', options.table ?? 'oncely_idempotency');
     if (table.length > 55)
-      throw new TypeError('oncely/postgres: option "table" must be at most 55 characters.');
+      throw new IdempotencyOptionsError('table', 'must be at most 55 characters.', 'oncely/postgres');
     this.#pool = options.pool;
     this.#sql = statements(schema, table);
     this.#outbox = options.outbox === true;

@@ -1,6 +1,8 @@
 /**
  * @services postgres
  */
+
+import { IdempotencyOptionsError } from '@oncely/core';
 import { storeContractSuite } from '@oncely/testing';
 import { PostgresStore } from '../src';
 import { testSchema } from './helpers';
@@ -71,6 +73,8 @@ describe('PostgresStore specifics', () => {
     expect(() => new PostgresStore({ pool: db.pool(), table: 'x; drop table y' })).toThrow(/option "table"/);
     expect(() => new PostgresStore({ pool: db.pool(), schema: '' })).toThrow(/option "schema"/);
     expect(() => new PostgresStore({} as never)).toThrow(/option "pool"/);
+    expect(() => new PostgresStore({ pool: db.pool(), schema: '' })).toThrow(IdempotencyOptionsError);
+    expect(() => new PostgresStore({} as never)).toThrow(expect.objectContaining({ option: 'pool' }));
   });
 
   test('purgeExpired deletes expired records in batches and keeps live ones', async () => {

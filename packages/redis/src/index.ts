@@ -1,15 +1,15 @@
 import { createHash, randomUUID } from 'node:crypto';
 import type { Socket } from 'node:net';
 import {
-  type AcquireOptions,
   type AcquireResult,
   type Duration,
-  type IdempotencyRecord,
+  IdempotencyOptionsError,
   type IdempotencyStore,
+  OncelyError,
   parseDuration,
   type StoredResponse,
-  undoAcquire,
 } from '@oncely/core';
+import { type AcquireOptions, type IdempotencyRecord, undoAcquire } from '@oncely/core/adapter';
 import { autoPipelinesScriptsOnCluster, ioredisConnection, isIoredis } from './clients/ioredis';
 import { isNodeRedis, isNodeRedis5OrLater, nodeRedisConnection } from './clients/node-redis';
 import type { RedisConnection, ScriptArgument } from './clients/types';
@@ -85,7 +85,7 @@ export type RedisConfirmationOutcome = 'confirmed' | 'lost' | 'expired' | 'gave_
  * bound runs out (the longest `lockTimeout` after the write) or the store is closed (`'gave_up'`, after close()'s
  * last chance).
  */
-export class RedisReplicationError extends Error {
+export class RedisReplicationError extends OncelyError {
   override readonly name = 'RedisReplicationError';
   constructor(
     readonly operation: 'acquire' | 'complete' | 'release',
@@ -164,22 +164,27 @@ export class RedisStore implements IdempotencyStore {
 
   constructor(options: RedisStoreOptions) {
     if (options === null || typeof options !== 'object' || options.client === undefined) {
-      throw new TypeError(
-        'oncely/redis: option "client" is required: new RedisStore({ client: new Redis(url) }) with ioredis, or new RedisStore({ client: await createClient({ url }).connect() }) with node-redis.',
+      throw new IdempotencyOptionsError(
+        'client',
+        'is required: new RedisStore({ client: new Redis(url) }) with ioredis, or new RedisStore({ client: await createClient({ url }).connect() }) with node-redis.',
+        'oncely/redis',
       );
     }
     this.#connection = connectionFor(options.client);
     const prefix = options.prefix ?? 'oncely:';
-    if (typeof prefix !== 'string') throw new TypeError('oncely/redis: option "prefix" must be a string.');
+    if (typeof prefix !== 'string')
+      throw new IdempotencyOptionsError('prefix', 'must be a string.', 'oncely/redis');
     const coalesce = options.coalesceWrites ?? true;
     if (typeof coalesce !== 'boolean')
-      throw new TypeError('oncely/redis: option "coalesceWrites" must be true or false.');
+      throw new IdempotencyOptionsError('coalesceWrites', 'must be true or false.', 'oncely/redis');
     const open = prefix.indexOf('{');
     // Redis ignores an empty `{}` and hashes the whole key, but cluster-key-slot (ioredis, node-redis) reads on to
     // the next tag: the client would send to one slot and the server answer MOVED for another.
     if (open >= 0 && prefix[open + 1] === '}') {
-      throw new TypeError(
-        `oncely/redis: option "prefix" (${JSON.stringify(prefix)}) holds an empty hash tag "{}", which Redis Cluster and its clients hash differently; put a name in it ("{myapp}:") or leave the braces out.`,
+      throw new IdempotencyOptionsError(
+        'prefix',
+        `(${JSON.stringify(prefix)}) holds an empty hash tag "{}", which Redis Cluster and its clients hash differently; put a name in it ("{myapp}:") or leave the braces out.`,
+        'oncely/redis',
       );
     }
     this.#prefix = prefix;
@@ -732,29 +737,39 @@ function checkWaitForReplicas(
   if (value === undefined) return undefined;
   const fix = "e.g. waitForReplicas: { replicas: 1, timeout: '250ms' }";
   if (value === null || typeof value !== 'object') {
-    throw new TypeError(`oncely/redis: option "waitForReplicas" must be an object: ${fix}.`);
+    throw new IdempotencyOptionsError('waitForReplicas', `must be an object: ${fix}.`, 'oncely/redis');
   }
   const { replicas } = value;
   if (!Number.isSafeInteger(replicas) || replicas < 1) {
-    throw new TypeError(
-      `oncely/redis: option "waitForReplicas.replicas" must be a whole number of at least 1: ${fix}.`,
+    throw new IdempotencyOptionsError(
+      'waitForReplicas.replicas',
+      `must be a whole number of at least 1: ${fix}.`,
+      'oncely/redis',
     );
   }
   let timeoutMs: number;
   try {
     timeoutMs = parseDuration(value.timeout);
   } catch {
-    throw new TypeError(`oncely/redis: option "waitForReplicas.timeout" must be a duration: ${fix}.`);
+    throw new IdempotencyOptionsError(
+      'waitForReplicas.timeout',
+      `must be a duration: ${fix}.`,
+      'oncely/redis',
+    );
   }
   // WAIT 0 blocks for ever.
   if (!(timeoutMs >= 1)) {
-    throw new TypeError(
-      `oncely/redis: option "waitForReplicas.timeout" must be at least 1ms (WAIT with 0 never returns): ${fix}.`,
+    throw new IdempotencyOptionsError(
+      'waitForReplicas.timeout',
+      `must be at least 1ms (WAIT with 0 never returns): ${fix}.`,
+      'oncely/redis',
     );
   }
   if (connection.cluster) {
-    throw new TypeError(
-      'oncely/redis: option "waitForReplicas" needs a standalone or Sentinel client: with a Cluster client, WAIT cannot be sent on the connection that wrote the record.',
+    throw new IdempotencyOptionsError(
+      'waitForReplicas',
+      'needs a standalone or Sentinel client: with a Cluster client, WAIT cannot be sent on the connection that wrote the record.',
+      'oncely/redis',
     );
   }
   return { replicas, timeoutMs: Math.ceil(timeoutMs) };
@@ -762,30 +777,38 @@ function checkWaitForReplicas(
 
 function connectionFor(client: object): RedisConnection {
   if (client === null || typeof client !== 'object') {
-    throw new TypeError('oncely/redis: option "client" must be an ioredis or node-redis client.');
+    throw new IdempotencyOptionsError('client', 'must be an ioredis or node-redis client.', 'oncely/redis');
   }
   if (isIoredis(client)) {
     if (autoPipelinesScriptsOnCluster(client)) {
-      throw new TypeError(
-        `oncely/redis: option "client" is an ioredis Cluster with enableAutoPipelining, which sends a script call to the slot of the script's SHA instead of its key, so every call of the store would fail. Leave EVALSHA and EVAL out of auto-pipelining: new Cluster(nodes, { enableAutoPipelining: true, autoPipeliningIgnoredCommands: ['evalsha', 'eval'] }), or turn it off (coalesceWrites, on by default, already sends one write per node per event-loop turn).`,
+      throw new IdempotencyOptionsError(
+        'client',
+        `is an ioredis Cluster with enableAutoPipelining, which sends a script call to the slot of the script's SHA instead of its key, so every call of the store would fail. Leave EVALSHA and EVAL out of auto-pipelining: new Cluster(nodes, { enableAutoPipelining: true, autoPipeliningIgnoredCommands: ['evalsha', 'eval'] }), or turn it off (coalesceWrites, on by default, already sends one write per node per event-loop turn).`,
+        'oncely/redis',
       );
     }
     return ioredisConnection(client);
   }
   if (typeof (client as { getMasterNode?: unknown }).getMasterNode === 'function') {
-    throw new TypeError(
-      'oncely/redis: option "client" is a node-redis Sentinel client (createSentinel()), which RedisStore does not support yet: its commands take other arguments, and its pool cannot promise that WAIT follows the write it confirms. Use ioredis with Sentinel: new Redis({ sentinels, name }).',
+    throw new IdempotencyOptionsError(
+      'client',
+      'is a node-redis Sentinel client (createSentinel()), which RedisStore does not support yet: its commands take other arguments, and its pool cannot promise that WAIT follows the write it confirms. Use ioredis with Sentinel: new Redis({ sentinels, name }).',
+      'oncely/redis',
     );
   }
   if (isNodeRedis(client)) {
     if (!isNodeRedis5OrLater(client)) {
-      throw new TypeError(
-        'oncely/redis: option "client" is a node-redis 4 client; RedisStore supports node-redis (the `redis` package) 5 and 6: upgrade it, or pass an ioredis client.',
+      throw new IdempotencyOptionsError(
+        'client',
+        'is a node-redis 4 client; RedisStore supports node-redis (the `redis` package) 5 and 6: upgrade it, or pass an ioredis client.',
+        'oncely/redis',
       );
     }
     return nodeRedisConnection(client);
   }
-  throw new TypeError(
-    'oncely/redis: option "client" must be an ioredis Redis or Cluster (5 or 6), or a node-redis client or cluster (createClient() / createCluster(), redis 5 or 6).',
+  throw new IdempotencyOptionsError(
+    'client',
+    'must be an ioredis Redis or Cluster (5 or 6), or a node-redis client or cluster (createClient() / createCluster(), redis 5 or 6).',
+    'oncely/redis',
   );
 }

@@ -1,4 +1,5 @@
-import type { AcquireResult, IdempotencyRecord, StoredResponse } from '@oncely/core';
+import type { AcquireResult, StoredResponse } from '@oncely/core';
+import type { IdempotencyRecord } from '@oncely/core/adapter';
 
 /**
  * The one place script replies are turned into store results, and records into script arguments (the layout is

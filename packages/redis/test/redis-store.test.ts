@@ -2,6 +2,7 @@
  * @services redis
  */
 import { randomUUID } from 'node:crypto';
+import { IdempotencyOptionsError } from '@oncely/core';
 import { storeContractSuite } from '@oncely/testing';
 import Redis from 'ioredis';
 import { createClient } from 'redis';
@@ -89,6 +90,10 @@ test.each(['app{}:', '{}', 'a{}{b}:'])(
   (bad) => {
     const client = new Redis(url, { lazyConnect: true });
     expect(() => new RedisStore({ client, prefix: bad })).toThrow(/option "prefix".*empty hash tag/);
+    expect(() => new RedisStore({ client, prefix: bad })).toThrow(
+      expect.objectContaining({ option: 'prefix' }),
+    );
+    expect(() => new RedisStore({ client, prefix: bad })).toThrow(IdempotencyOptionsError);
     client.disconnect();
   },
 );

@@ -1,10 +1,12 @@
+import { OncelyError } from '../shared/errors';
+
 /**
  * Errors thrown by `idempotent()` (and seen by the broker wrappers built on it). Each carries the store key, so a
  * caller can log or route it without parsing the message.
  */
 
 /** The key is held by a call that is still running (its lease is live). Nothing ran. */
-export class IdempotencyInProgressError extends Error {
+export class IdempotencyInProgressError extends OncelyError {
   override readonly name = 'IdempotencyInProgressError';
   constructor(
     readonly key: string,
@@ -19,7 +21,7 @@ export class IdempotencyInProgressError extends Error {
 }
 
 /** The key was used before with a different fingerprint (a different message under the same key). Nothing ran. */
-export class IdempotencyMismatchError extends Error {
+export class IdempotencyMismatchError extends OncelyError {
   override readonly name = 'IdempotencyMismatchError';
   constructor(readonly key: string) {
     super(
@@ -29,7 +31,7 @@ export class IdempotencyMismatchError extends Error {
 }
 
 /** The key (or fingerprint) function threw, or returned something that is not a usable key. Nothing ran. */
-export class IdempotencyKeyError extends Error {
+export class IdempotencyKeyError extends OncelyError {
   override readonly name = 'IdempotencyKeyError';
   constructor(message: string, options?: { cause?: unknown }) {
     super(`oncely: ${message}`, options);
@@ -37,7 +39,7 @@ export class IdempotencyKeyError extends Error {
 }
 
 /** The store failed (or timed out) while reserving the key. Nothing ran; retrying later is safe. */
-export class IdempotencyStoreError extends Error {
+export class IdempotencyStoreError extends OncelyError {
   override readonly name = 'IdempotencyStoreError';
   constructor(
     readonly key: string,
@@ -57,7 +59,7 @@ export class IdempotencyStoreError extends Error {
  * The first call and every duplicate get this error; `replayed` tells them apart. Result types JSON cannot carry
  * are compile errors (`JsonStorable`): this is for what the types do not show (a cycle, a value typed `unknown`).
  */
-export class UnstorableResultError extends Error {
+export class UnstorableResultError extends OncelyError {
   override readonly name = 'UnstorableResultError';
   /** Always `true`: the function ran before its result was found unstorable. */
   readonly executed = true;
@@ -84,7 +86,7 @@ export class UnstorableResultError extends Error {
  * key is not released, and duplicates get a `PermanentError` again (`replayed: true`) carrying the stored
  * `message`, `code` and `originalName`.
  */
-export class PermanentError extends Error {
+export class PermanentError extends OncelyError {
   override readonly name: string = 'PermanentError';
   /** A machine-readable code, kept with the stored failure. */
   readonly code: string | number | undefined;
@@ -105,7 +107,7 @@ export class PermanentError extends Error {
 }
 
 /** A record under the key could not be read back as a result (written by something else, or not deserialisable). */
-export class IdempotencyReplayError extends Error {
+export class IdempotencyReplayError extends OncelyError {
   override readonly name = 'IdempotencyReplayError';
   constructor(
     readonly key: string,

@@ -1,8 +1,8 @@
 import { asStoredFingerprint, hasLoneSurrogate } from '../shared/checks';
-import { HookRunner, type ReleaseEvent } from '../shared/hooks';
+import { HookRunner } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
 import { observedStore } from '../shared/observe';
-import { KeyProtocol, Lease, unknownStatusError, verdictOf, Wait } from '../shared/protocol';
+import { KeyProtocol, unknownStatusError, verdictOf, Wait } from '../shared/protocol';
 import { errorText, tell, type WarningCode } from '../shared/warnings';
 import type {
   AcquiredResult,
@@ -11,11 +11,11 @@ import type {
   IdempotencyStore,
   InProgressResult,
   StoredResponse,
-  StoreTransaction,
   TransactionAcquiredResult,
 } from '../stores/store';
+import { Execution } from './execution';
 import { defaultFingerprint } from './fingerprint';
-import { type OutgoingHeaderValue, storableHeaders } from './headers';
+import { OMITTED_BODY_HEADER } from './headers';
 import { type KeyProblem, parseKey } from './key';
 import { type IdempotencyOptions, type ResolvedOptions, resolveOptions } from './options';
 import { PROBLEM_TYPES, problemResponse } from './problems';
@@ -41,13 +41,6 @@ export interface HttpRequestInput<Req> {
   request: Req;
 }
 
-/** A finished response as the adapter captured it. `body` is `undefined` when it outgrew `maxBodyBytes`. */
-export interface CapturedResponse {
-  status: number;
-  headers: Readonly<Record<string, OutgoingHeaderValue>>;
-  body: Uint8Array | undefined;
-}
-
 /** The engine's answer for one request. */
 export type HttpDecision =
   /** Not ours: run the handler as if the middleware were not there. */
@@ -62,9 +55,6 @@ const PASS: HttpDecision = { action: 'pass' };
 const UNSCOPED_DOCS =
   'https://github.com/oncely/oncely/blob/main/docs/security.md#always-set-scope-on-an-authenticated-api';
 
-// Marks a stored response whose body outgrew maxBodyBytes: only its status is kept, and its replay is a 410.
-const OMITTED_BODY_HEADER = 'x-oncely-body-omitted';
-
 const KEY_PROBLEM_DETAIL: Record<KeyProblem, string> = {
   empty: 'is empty',
   'too-long': 'is too long',
@@ -72,9 +62,6 @@ const KEY_PROBLEM_DETAIL: Record<KeyProblem, string> = {
   'malformed-string': 'is not a well-formed RFC 8941 string',
   'multiple-values': 'was sent more than once',
 };
-
-/** An engine's protocol, for its executions: module-private, so that it is no part of the engine's public type. */
-let protocolOf: (engine: Idempotency<never>) => KeyProtocol;
 
 /**
  * The idempotency engine. It owns every policy decision — key parsing, scope, fingerprint, what to do with each
@@ -100,12 +87,8 @@ export class Idempotency<Req = unknown> {
   readonly observedStore: IdempotencyStore;
   /** The guarded runner of this engine's hooks. */
   readonly #hooks: HookRunner;
-  /** What the engine and its executions do with each answer of the store; executions reach it by `protocolOf`. */
+  /** What the engine and its executions do with each answer of the store; each execution is handed it. */
   readonly #protocol: KeyProtocol;
-
-  static {
-    protocolOf = (engine) => engine.#protocol;
-  }
 
   constructor(
     options: IdempotencyOptions<Req> = {},
@@ -165,6 +148,28 @@ export class Idempotency<Req = unknown> {
   }
 
   /**
+   * Whether `handle` would pass a request with this method, with or without the key header, untouched: adapters
+   * that must read the body for the fingerprint (the fetch ones) ask this first, so most requests cost nothing.
+   */
+  passes(method: string, hasKey: boolean): boolean {
+    return !this.options.methods.has(method) || (!hasKey && !this.options.required);
+  }
+
+  /**
+   * The answer to a covered request whose body could not be read (the stream failed or was cut), so it cannot be
+   * checked against its key: a 400, with a warning logged. The handler does not run.
+   */
+  unreadableBody(error: unknown, log: Logger = this.options.logger ?? silentLogger): StoredResponse {
+    log.warn({ err: error }, 'oncely: the request body could not be read');
+    return problemResponse({
+      type: PROBLEM_TYPES.bodyUnreadable,
+      title: 'Request body unreadable',
+      status: 400,
+      detail: 'The request body could not be read, so the request cannot be checked against its key.',
+    });
+  }
+
+  /**
    * Decides what to do with a request. Never rejects: store failures, a throwing `scope` or `fingerprint`, bad
    * keys all become a `respond` decision (or, with `onStoreError: 'fail-open'`, an unprotected execution).
    */
@@ -173,10 +178,9 @@ export class Idempotency<Req = unknown> {
     log: Logger = this.options.logger ?? silentLogger,
   ): Promise<HttpDecision> {
     const o = this.options;
-    if (!o.methods.has(input.method)) return PASS;
     const raw = input.headers[o.header];
+    if (this.passes(input.method, raw !== undefined)) return PASS;
     if (raw === undefined) {
-      if (!o.required) return PASS;
       log.debug({ header: o.header }, 'oncely: idempotency key missing');
       this.#hooks.decided('rejected', undefined, undefined, log);
       return this.#problem(
@@ -267,6 +271,7 @@ export class Idempotency<Req = unknown> {
             action: 'execute',
             execution: new Execution(
               this,
+              this.#protocol,
               key,
               clientKey,
               acquired.token,
@@ -426,7 +431,10 @@ export class Idempotency<Req = unknown> {
         key,
         'store unavailable; running the handler WITHOUT idempotency protection (fail-open)',
       );
-      return { action: 'execute', execution: new Execution(this, key, clientKey, undefined, log) };
+      return {
+        action: 'execute',
+        execution: new Execution(this, this.#protocol, key, clientKey, undefined, log),
+      };
     }
     this.#storeUnavailable(log, 'error', error, key, 'store unavailable; answering 503 (fail-closed)');
     return this.#problem(
@@ -437,255 +445,6 @@ export class Idempotency<Req = unknown> {
       { 'retry-after': '1' },
     );
   }
-}
-
-/**
- * One request that owns its key. Renews the lease every third of `lockTimeout` while the handler runs; then
- * `complete()` stores the response (or releases the key when the status is not cacheable) and `fail()` releases.
- * Both wait for the store, so the client sees the response only once a retry would replay it, and never reject.
- * In transactional mode there is no lease: the key is held by the store transaction, which `complete()` commits
- * (with the handler's writes) and `fail()` rolls back.
- */
-export class Execution {
-  /** The key as the client sent it (unquoted), for `req.idempotencyKey`. */
-  readonly clientKey: string;
-  /** The store key: scope and client key. */
-  readonly key: string;
-  /** `false` when the store was down and `onStoreError: 'fail-open'` let the handler run unprotected. */
-  readonly protected: boolean;
-  /** Largest body stored; a larger one is sent but kept only as "executed" (its replay is a 410). */
-  readonly maxBodyBytes: number;
-  /**
-   * How much of the body an adapter holds back before it may start streaming it to the client. Equal to
-   * `maxBodyBytes`, except in transactional mode: nothing may reach the client before the commit, so all of it.
-   */
-  readonly bufferLimit: number;
-  readonly #engine: Idempotency<never>;
-  readonly #protocol: KeyProtocol;
-  readonly #token: string | undefined;
-  readonly #log: Logger;
-  readonly #transaction: StoreTransaction | undefined;
-  readonly #lease: Lease | undefined;
-  #settled = false;
-  #headersBefore: Readonly<Record<string, OutgoingHeaderValue>> | undefined;
-
-  /** @internal created by the engine */
-  constructor(
-    engine: Idempotency<never>,
-    key: string,
-    clientKey: string,
-    token: string | undefined,
-    log: Logger,
-    transaction?: StoreTransaction,
-  ) {
-    this.#engine = engine;
-    const protocol = protocolOf(engine);
-    this.#protocol = protocol;
-    this.key = key;
-    this.clientKey = clientKey;
-    this.#token = token;
-    this.#log = log;
-    this.#transaction = transaction;
-    this.protected = token !== undefined;
-    this.maxBodyBytes = engine.options.maxBodyBytes;
-    this.bufferLimit = transaction === undefined ? this.maxBodyBytes : Number.POSITIVE_INFINITY;
-    protocol.hooks.executionStarted(key, log);
-    this.#lease =
-      token !== undefined && transaction === undefined ? new Lease(protocol, key, token, log) : undefined;
-  }
-
-  /** The transaction's database client in transactional mode (`req.idempotency.db`); otherwise `undefined`. */
-  get db(): unknown {
-    return this.#transaction?.db;
-  }
-
-  /**
-   * For adapters whose response object outer middleware writes to before the handler runs (Express, Fastify, Koa):
-   * the response's headers when the handler starts (`res.getHeaders()`). Those still there unchanged at the end
-   * are not stored: they belong to middleware outside oncely (CORS for this request's origin, a request id), which
-   * sets them afresh on a replay, so a replay carries its own.
-   */
-  headersBeforeHandler(headers: Readonly<Record<string, OutgoingHeaderValue>>): void {
-    this.#headersBefore = headers;
-  }
-
-  /**
-   * Stores the finished response, or releases the key. Resolves to a response to send INSTEAD of the captured
-   * one when the captured one must not reach the client: in transactional mode, when the commit failed (nothing
-   * the handler wrote survived, so its success answer would be a lie). Otherwise resolves to `undefined`.
-   */
-  async complete(captured: CapturedResponse): Promise<StoredResponse | undefined> {
-    if (this.#settle() || this.#token === undefined) return undefined;
-    const o = this.#engine.options;
-    let cacheable: boolean;
-    let headers: Record<string, string | string[]>;
-    try {
-      if (!isValidStatus(captured.status)) {
-        throw new RangeError(
-          `the response status ${String(captured.status)} is not an HTTP status (an integer from 100 to 999)`,
-        );
-      }
-      cacheable = o.cacheable(captured.status);
-      headers = cacheable ? storableHeaders(captured.headers, o.excludedHeaders, this.#headersBefore) : {};
-    } catch (error) {
-      // A bug in the app (an invalid status, a `cacheable` that throws): the request failed, as if the handler had
-      // thrown; the captured answer is replaced by a 500, since nothing vouches for it.
-      this.#log.error(
-        { err: error, key: this.key, status: captured.status },
-        'oncely: the response could not be judged (invalid status, or cacheable threw); answering 500 and releasing the key',
-      );
-      await this.#release('error');
-      return internalErrorResponse();
-    }
-    if (!cacheable) {
-      await this.#release('not-cacheable', captured.status);
-      return undefined;
-    }
-    let body = captured.body;
-    if (body === undefined) {
-      headers[OMITTED_BODY_HEADER] = '1';
-      body = EMPTY;
-    }
-    if (this.#transaction !== undefined) return this.#commit({ status: captured.status, headers, body });
-    const protocol = this.#protocol;
-    try {
-      const stored = await protocol.store.complete(
-        this.key,
-        this.#token,
-        { status: captured.status, headers, body },
-        o.ttlMs,
-      );
-      protocol.completed(this.key, stored, captured.status, this.#log);
-    } catch (error) {
-      // The response is sent all the same, as after any failed completion (even one the store goes on confirming).
-      protocol.completeFailed(this.key, error, 'the response', this.#log);
-    }
-    return undefined;
-  }
-
-  async #commit(response: StoredResponse): Promise<StoredResponse | undefined> {
-    const transaction = this.#transaction as StoreTransaction;
-    try {
-      const committed = await transaction.commit(response, this.#engine.options.ttlMs);
-      this.#protocol.completed(this.key, committed, response.status, this.#log);
-      if (committed) return undefined;
-    } catch (error) {
-      this.#protocol.commitFailed(this.key, error, this.#log);
-    }
-    return problemResponse(
-      {
-        type: PROBLEM_TYPES.transactionFailed,
-        title: 'Transaction failed',
-        status: 500,
-        detail: 'The request was rolled back: nothing it did was kept. Retry with the same key.',
-      },
-      { 'retry-after': '1' },
-    );
-  }
-
-  /**
-   * The response's connection closed before the response was complete (the client left mid-response, a pipe into
-   * it broke), after the handler had begun its answer and without an error. The one decision for every adapter:
-   * the handler ran, so the request is recorded as executed without a body (a retry gets a 410 and never runs it
-   * again), and the lease is no longer renewed. Never rejects.
-   */
-  async endedEarly(status: number, headers: Readonly<Record<string, OutgoingHeaderValue>>): Promise<void> {
-    if (this.#settled) return;
-    this.#log.debug(
-      { key: this.key },
-      'oncely: the response ended before it was complete; recorded as executed (a retry gets a 410)',
-    );
-    await this.complete({ status, headers, body: undefined });
-  }
-
-  /**
-   * The adapter could not send the answer (the framework threw while writing it): the connection is closed by the
-   * adapter, and the key is released unless the response was stored already. Logs one error line.
-   */
-  async sendFailed(error: unknown): Promise<void> {
-    this.#log.error(
-      { err: error, key: this.key },
-      'oncely: the response could not be sent; the connection was closed',
-    );
-    await this.fail(error);
-  }
-
-  /** The handler threw (or the framework routed an error): release the key so a retry runs again. */
-  async fail(error?: unknown): Promise<void> {
-    if (this.#settle() || this.#token === undefined) return;
-    if (error !== undefined)
-      this.#log.debug({ err: error, key: this.key }, 'oncely: handler failed; releasing the key');
-    await this.#release('error');
-  }
-
-  /**
-   * The client left while the store was asked, before the handler ran (the adapter found its response destroyed,
-   * its stream cancelled or its request's signal aborted when the store answered): release the key, reported with
-   * the reason `'client-gone'`, so that the client's retry runs the handler. The adapter skips the handler.
-   */
-  async clientGone(): Promise<void> {
-    if (this.#settle() || this.#token === undefined) return;
-    this.#log.debug({ key: this.key }, 'oncely: the client left before the handler ran; releasing the key');
-    await this.#release('client-gone');
-  }
-
-  /**
-   * The adapter lost track of the handler: the framework gave it up (the client left, a timeout fired) while it
-   * may still be running, and what is sent now is not its answer. Nothing is stored or released, since a retry
-   * must not run beside it: the lease is no longer renewed and lapses after `lockTimeout`, as if the process had
-   * died; a retry within it gets a 409, one after it runs again. Later `complete()` and `fail()` calls do nothing.
-   * In transactional mode the transaction is rolled back instead (it holds a connection nothing would commit).
-   */
-  abandon(): void {
-    if (this.#settled) return;
-    if (this.#transaction !== undefined) {
-      void this.fail(new Error('the handler was given up'));
-      return;
-    }
-    this.#settle();
-    this.#log.warn(
-      { key: this.key },
-      'oncely: the handler was given up before it finished; its key is left to lapse after lockTimeout',
-    );
-  }
-
-  #settle(): boolean {
-    if (this.#settled) return true;
-    this.#settled = true;
-    this.#lease?.stop();
-    this.#protocol.hooks.executionEnded(this.key, this.#log);
-    return false;
-  }
-
-  async #release(reason: ReleaseEvent['reason'], status?: number): Promise<void> {
-    const protocol = this.#protocol;
-    if (this.#transaction !== undefined) {
-      await protocol.rollBack(this.#transaction, this.key, reason, status, this.#log);
-      return;
-    }
-    try {
-      const released = await protocol.store.release(this.key, this.#token as string);
-      protocol.released(this.key, released, reason, status, this.#log);
-    } catch (error) {
-      protocol.releaseFailed(this.key, error, this.#log);
-    }
-  }
-}
-
-const EMPTY = new Uint8Array(0);
-
-/** What Node's `writeHead` accepts as a status (it throws ERR_HTTP_INVALID_STATUS_CODE for anything else). */
-function isValidStatus(status: unknown): status is number {
-  return typeof status === 'number' && Number.isInteger(status) && status >= 100 && status <= 999;
-}
-
-function internalErrorResponse(): StoredResponse {
-  return problemResponse({
-    type: PROBLEM_TYPES.internal,
-    title: 'Idempotency check failed',
-    status: 500,
-    detail: 'The server could not decide whether its response may be replayed. Retry with the same key.',
-  });
 }
 
 interface ReplayTemplate {

@@ -1,4 +1,11 @@
 /**
+ * Marks a stored response whose body was not kept (it outgrew `maxBodyBytes`, or a store could not hold it): only
+ * its status is, and its replay is a 410. A store that drops a body it cannot hold sets this header to `'1'` on the
+ * record. Since it is among the headers never stored, a handler cannot forge it.
+ */
+export const OMITTED_BODY_HEADER = 'x-oncely-body-omitted';
+
+/**
  * Response headers never stored nor replayed: cookies belong to the first response only, `date`
  * must be fresh, hop-by-hop headers describe one connection, and `content-length` is recomputed on replay.
  */
@@ -16,8 +23,7 @@ export const ALWAYS_EXCLUDED_HEADERS: readonly string[] = [
   'trailer',
   'content-length',
   'idempotent-replayed',
-  // The engine's own marker for a body that was too large to keep; a handler cannot forge it.
-  'x-oncely-body-omitted',
+  OMITTED_BODY_HEADER,
 ];
 
 /** RFC 9110 token characters: what a header name (or a method) may be made of. */

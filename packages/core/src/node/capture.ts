@@ -1,5 +1,5 @@
 import { Readable } from 'node:stream';
-import type { Execution } from '../http/engine';
+import type { Execution } from '../http/execution';
 import type { OutgoingHeaderValue } from '../http/headers';
 import type { StoredResponse } from '../stores/store';
 

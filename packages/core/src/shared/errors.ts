@@ -1,10 +1,46 @@
-/** Thrown at construction when an option is wrong; the message names the option and how to fix it. */
+/**
+ * What marks an error as oncely's. A registered symbol, so that every copy of oncely in a process (an ESM and a CJS
+ * copy, `@oncely/client`, which does not depend on this package) marks its errors the same way.
+ */
+const ONCELY_ERROR = Symbol.for('oncely.error');
+
+/**
+ * The base of every error oncely throws: `error instanceof OncelyError` tells oncely's errors from the app's. The
+ * check reads a mark on the error rather than its class, so errors that keep an older base class for
+ * compatibility (`IdempotencyOptionsError` is a `TypeError`) are `OncelyError`s too.
+ */
+export class OncelyError extends Error {
+  static override [Symbol.hasInstance](value: unknown): boolean {
+    // A subclass keeps the ordinary check: an IdempotencyKeyError is not an IdempotencyStoreError.
+    // biome-ignore lint/complexity/noThisInStatic: `this` is the subclass the check is made against.
+    if (this !== OncelyError) return Function.prototype[Symbol.hasInstance].call(this, value);
+    return (
+      (typeof value === 'object' || typeof value === 'function') &&
+      value !== null &&
+      (value as { [ONCELY_ERROR]?: unknown })[ONCELY_ERROR] === true
+    );
+  }
+}
+
+/** Marks the errors of a class as oncely's, for a class that cannot extend `OncelyError` (one of `TypeError`'s). */
+export function markOncelyError(errorClass: abstract new (...args: never[]) => Error): void {
+  Object.defineProperty(errorClass.prototype, ONCELY_ERROR, { value: true });
+}
+markOncelyError(OncelyError);
+
+/**
+ * Thrown at construction when an option is wrong; `option` names it, and the message says how to fix it. A
+ * `TypeError` (as it always was) and an `OncelyError`.
+ */
 export class IdempotencyOptionsError extends TypeError {
   override readonly name = 'IdempotencyOptionsError';
   constructor(
     readonly option: string,
     message: string,
+    /** Who checks the option, for the message: `'oncely/redis'` for a store's. */
+    from = 'oncely',
   ) {
-    super(`oncely: option "${option}" ${message}`);
+    super(`${from}: option "${option}" ${message}`);
   }
 }
+markOncelyError(IdempotencyOptionsError);

@@ -1,0 +1,10 @@
+// `@oncely/web/adapter`: the fetch-model core that @oncely/hono builds on (asking the engine about a `Request`,
+// storing the `Response`), for adapters of web-standard frameworks. An app imports from `@oncely/web`.
+export {
+  HandlerFailure,
+  KnownBody,
+  registrationMade,
+  respondOnce,
+  toResponse,
+  type WebExchange,
+} from '../respond';
