@@ -5,12 +5,7 @@ import {
   type IdempotencyOptions,
   type StoredResponse,
 } from '@oncely/core';
-import {
-  conflictingOptions,
-  type Registration,
-  refuseNested,
-  registrationOf,
-} from '@oncely/core/adapter';
+import { conflictingOptions, type Registration, refuseNested, registrationOf } from '@oncely/core/adapter';
 import { ResponseCapture } from '@oncely/core/node';
 import type { Context, Middleware, Next } from 'koa';
 
