@@ -248,6 +248,11 @@ class Held {
   readonly #writeHead: AnyMethod;
   readonly #implicitHeader: AnyMethod;
   #callbacks: WriteCallback[] | undefined;
+  /**
+   * The head as it stood when the handler first wrote body bytes with `write` (held): without oncely it went out
+   * then, so `headersSent` reads true from there on and a later answer cannot replace it.
+   */
+  #wroteHead: WrittenHead | undefined;
 
   constructor(
     res: HeldResponse,
@@ -271,6 +276,30 @@ class Held {
     r._implicitHeader = heldImplicitHeader as AnyMethod;
     res.on('close', onClose);
     res.on('pipe', onPipe);
+  }
+
+  /** Whether Node sent the head (`headersSent` as Node reports it, below the one the held write sets). */
+  headSent(): boolean {
+    const head = this.#wroteHead;
+    return head === undefined ? this.#res.headersSent : head.sent.call(this.#res);
+  }
+
+  /**
+   * The handler wrote body bytes, held here: as Node would have sent the head then, `headersSent` reads true from now
+   * on (so Express's error handling destroys the connection rather than answer again), and the head is noted to
+   * tell a later answer that replaces it.
+   */
+  #wrote(): void {
+    const res = this.#res;
+    let sent: (() => boolean) | undefined;
+    for (
+      let o: object | null = Object.getPrototypeOf(res);
+      o !== null && sent === undefined;
+      o = Object.getPrototypeOf(o)
+    )
+      sent = Object.getOwnPropertyDescriptor(o, 'headersSent')?.get as (() => boolean) | undefined;
+    this.#wroteHead = { status: res.statusCode, headers: res.getHeaders(), sent: sent ?? headSentByNode };
+    Object.defineProperty(res, 'headersSent', { configurable: true, enumerable: false, get: alwaysTrue });
   }
 
   /** Whether a call of `write`/`writeHead` is held here (`end` is, also while the body streams through). */
@@ -304,7 +333,7 @@ class Held {
   wentAround(): void {
     this.active = false;
     const held = this.capture.drain();
-    if (!this.#res.headersSent) {
+    if (!this.headSent()) {
       // Node's end may have sized the head for its own chunk alone: what is held goes with it, so no length.
       if (held.length > 0) (this.#res as { _contentLength?: unknown })._contentLength = null;
       this.call('implicitHeader');
@@ -317,7 +346,7 @@ class Held {
     const res = this.#res;
     if (!this.holds()) return this.call('writeHead', status, message, headers) as Response;
     const code = nodeStatus(status);
-    if (res.headersSent) {
+    if (this.headSent()) {
       this.wentAround();
       return this.call('writeHead', status, message, headers) as Response;
     }
@@ -354,13 +383,14 @@ class Held {
       }
       return writeAfterEnd(res, cb);
     }
-    if (res.headersSent) {
+    if (this.headSent()) {
       this.wentAround();
       return this.call('write', chunk, encoding, callback) as boolean;
     }
     // Node checks the status when the first write sends the head.
     res.statusCode = nodeStatus(res.statusCode);
     if (!this.begin()) return this.call('write', chunk, encoding, callback) as boolean;
+    if (this.#wroteHead === undefined) this.#wrote();
     const held = this.capture.hold(chunk as Chunk, bufferEncoding(encoding));
     // The chunk is accepted into memory: say so now, or a handler awaiting its write callback would never resume.
     if (typeof cb === 'function') process.nextTick(cb as WriteCallback);
@@ -388,7 +418,7 @@ class Held {
       else if (typeof cb === 'function') this.#onFinish(cb as WriteCallback);
       return res;
     }
-    if (res.headersSent && !this.capture.streaming) {
+    if (this.headSent() && !this.capture.streaming) {
       this.wentAround();
       return this.call('end', chunk, encoding, cb) as Response;
     }
@@ -403,6 +433,16 @@ class Held {
       // Over the limit before the end: the last chunk goes through too; kept as executed with its status only.
       this.#sendAndSettle(hasChunk ? [chunk as Chunk] : [], encoding);
       return res;
+    }
+    const head = this.#wroteHead;
+    if (head !== undefined) {
+      // Without oncely, a status set after the first write changes nothing sent; a header set throws
+      // (ERR_HTTP_HEADERS_SENT, as an error handler's `res.status(500).json()` does): an answer replacing the head.
+      res.statusCode = head.status;
+      if (!sameHeaders(res.getHeaders(), head.headers)) {
+        this.#replaced(head);
+        return res;
+      }
     }
     if (hasChunk && !capture.hold(chunk as Chunk, bufferEncoding(encoding))) {
       this.#sendAndSettle(capture.drain(), undefined);
@@ -435,6 +475,29 @@ class Held {
       })
       .catch((error: unknown) => this.#sendFailed(error));
     return res;
+  }
+
+  /**
+   * Another answer replaced the head after the handler wrote body bytes: without oncely that head and those bytes
+   * were sent already and the connection is closed (Express does when a handler fails mid-response). So here: they
+   * go out, the connection closes, and the key is released, never a merged body under the second answer's length.
+   */
+  #replaced(head: WrittenHead): void {
+    const res = this.#res;
+    this.active = false;
+    const held = this.capture.drain();
+    void this.capture
+      .failed(this.noted ?? new Error('the response was answered again after its body began'))
+      .catch(() => undefined);
+    // Only what the new answer changed is put back, so the rest keeps the case it was set with.
+    const now = res.getHeaders();
+    for (const name in now) if (!(name in head.headers)) res.removeHeader(name);
+    for (const name in head.headers)
+      if (now[name] !== head.headers[name])
+        res.setHeader(name, head.headers[name] as string | string[] | number);
+    const last = held.length - 1;
+    for (let i = 0; i < last; i++) this.call('write', held[i]);
+    this.call('write', held[last] ?? EMPTY, () => res.destroy());
   }
 
   /** The body went over the limit: what is left goes out now and the record keeps the status only. */
@@ -501,6 +564,24 @@ class Held {
   piped(): void {
     if (this.holds() && !this.ended) this.begin();
   }
+}
+
+/** The head when the handler first wrote, and how Node tells whether it sent one. */
+interface WrittenHead {
+  readonly status: number;
+  readonly headers: Readonly<Record<string, unknown>>;
+  readonly sent: (this: Response) => boolean;
+}
+
+const EMPTY = Buffer.alloc(0);
+
+function alwaysTrue(): boolean {
+  return true;
+}
+
+/** `headersSent` of Node's `http.ServerResponse`, for a response whose prototypes define none. */
+function headSentByNode(this: Response): boolean {
+  return (this as { _header?: unknown })._header != null;
 }
 
 function heldOf(res: HeldResponse): Held {
