@@ -228,7 +228,7 @@ function send(res: Response, response: StoredResponse): void {
  * before oncely that wrapped one of them (compression, on-headers) is wrapped in turn, so what the handler writes
  * is captured before that middleware transforms it, as it was mounted to do. `_implicitHeader` is what Node's own
  * `write` and `end` call to send the head: a library calling them directly (`ServerResponse.prototype.end.call`)
- * sends the response around the capture, which is then recorded as executed rather than left headless.
+ * sends the response around the capture, which is then decided when it ends (executed once it finished).
  */
 class Held {
   readonly protocol = PROTOCOL;
@@ -274,6 +274,9 @@ class Held {
     r.end = heldEnd as AnyMethod;
     r.writeHead = heldWriteHead as AnyMethod;
     r._implicitHeader = heldImplicitHeader as AnyMethod;
+    // In transactional mode nothing may reach the client before the commit: a flush is only a hint, the head stays
+    // held with the rest.
+    if (context.db !== undefined) r.flushHeaders = heldFlushHeaders as AnyMethod;
     res.on('close', onClose);
     res.on('pipe', onPipe);
   }
@@ -327,8 +330,9 @@ class Held {
   }
 
   /**
-   * The head goes out around the capture (Node's own methods called on the response, or its head sent before):
-   * what is held goes first, and the request is recorded as executed.
+   * The head goes out around the capture (Node's own methods called on the response, `res.flushHeaders()`, or its
+   * head sent before): what is held goes first, and the answer began. What is recorded is decided when the response
+   * ends (`closed`): finished, executed without a body; failed or cut short before, as any answer that began.
    */
   wentAround(): void {
     this.active = false;
@@ -339,7 +343,7 @@ class Held {
       this.call('implicitHeader');
     }
     for (const chunk of held) this.call('write', chunk);
-    this.capture.wentAround();
+    this.capture.began();
   }
 
   writeHead(status: unknown, message: unknown, headers: unknown): Response {
@@ -606,6 +610,11 @@ function heldImplicitHeader(this: HeldResponse): unknown {
     return undefined;
   }
   return held.call('implicitHeader');
+}
+function heldFlushHeaders(this: HeldResponse): void {
+  const held = heldOf(this);
+  if (held.holds()) held.begin();
+  else Object.getPrototypeOf(this).flushHeaders.call(this);
 }
 function onClose(this: HeldResponse): void {
   heldOf(this).closed();

@@ -3,6 +3,7 @@ import { type AddressInfo, connect } from 'node:net';
 import { MemoryStore } from '@oncely/core';
 import express from 'express';
 import express4 from 'express4';
+import request from 'supertest';
 import { idempotency } from '../src';
 
 const versions = [
@@ -113,4 +114,44 @@ describe.each(versions)('%s: a body written with res.write, then an error', (_na
       expect(covered.runs()).toBe(2);
     },
   );
+});
+
+describe.each(versions)('%s: a response whose head was flushed', (_name, expressModule) => {
+  function app(): { app: express.Express; runs: () => number } {
+    const app = expressModule();
+    app.use(expressModule.json());
+    app.use(idempotency({ store: new MemoryStore() }));
+    let runs = 0;
+    app.post('/flushed', (req, res) => {
+      runs++;
+      res.flushHeaders();
+      res.write('x');
+      if (req.body.fail) setTimeout(() => res.destroy(new Error('the stream failed')), 20);
+      else setTimeout(() => res.end('y'), 20);
+    });
+    return { app, runs: () => runs };
+  }
+  const attempt = (target: express.Express, body: object) =>
+    request(target)
+      .post('/flushed')
+      .set('Idempotency-Key', 'k1')
+      .send(body)
+      .then(
+        (res) => res.status,
+        () => 'closed',
+      );
+
+  test('a body that fails after the head was flushed releases the key: the retry runs again', async () => {
+    const { app: target, runs } = app();
+    expect(await attempt(target, { fail: true })).toBe('closed');
+    expect(await attempt(target, { fail: true })).toBe('closed');
+    expect(runs()).toBe(2);
+  });
+
+  test('one that finishes is recorded as executed: the retry gets a 410 and never runs it again', async () => {
+    const { app: target, runs } = app();
+    expect(await attempt(target, {})).toBe(200);
+    expect(await attempt(target, {})).toBe(410);
+    expect(runs()).toBe(1);
+  });
 });
