@@ -361,8 +361,10 @@ class Held {
     else fields = message;
     if (Array.isArray(fields)) {
       // Raw header list: [name, value, name, value, ...] or [[name, value], ...].
+      // A name given twice keeps both values, as Node's writeHead sends them: those given replace any set before.
       const flat = Array.isArray(fields[0]) ? fields.flat() : fields;
-      for (let i = 0; i + 1 < flat.length; i += 2) res.setHeader(String(flat[i]), flat[i + 1] as string);
+      for (let i = 0; i + 1 < flat.length; i += 2) res.removeHeader(String(flat[i]));
+      for (let i = 0; i + 1 < flat.length; i += 2) res.appendHeader(String(flat[i]), flat[i + 1] as string);
     } else if (fields !== null && typeof fields === 'object') {
       for (const [name, value] of Object.entries(fields))
         if (value !== undefined) res.setHeader(name, value as string);

@@ -155,3 +155,40 @@ describe.each(versions)('%s: a response whose head was flushed', (_name, express
     expect(runs()).toBe(1);
   });
 });
+
+describe.each(versions)('%s: writeHead with a raw header list', (_name, expressModule) => {
+  test.each([
+    ['flat', ['Set-Cookie', 'a=1', 'X-A', '1', 'Set-Cookie', 'b=2', 'X-A', '2']],
+    [
+      'nested',
+      [
+        ['Set-Cookie', 'a=1'],
+        ['X-A', '1'],
+        ['Set-Cookie', 'b=2'],
+        ['X-A', '2'],
+      ],
+    ],
+  ])(
+    'a name given twice (%s) is sent with both values, and a stored one replayed with both',
+    async (_form, raw) => {
+      const app = expressModule();
+      app.use(expressModule.json());
+      app.use(idempotency({ store: new MemoryStore() }));
+      let runs = 0;
+      app.post('/raw', (_req, res) => {
+        runs++;
+        res.setHeader('x-a', 'set before');
+        res.writeHead(201, raw as string[]).end('ok');
+      });
+      const first = await request(app).post('/raw').set('Idempotency-Key', 'k1').send({});
+      expect(first.status).toBe(201);
+      expect(first.headers['set-cookie']).toEqual(['a=1', 'b=2']);
+      expect(first.headers['x-a']).toBe('1, 2');
+      const replay = await request(app).post('/raw').set('Idempotency-Key', 'k1').send({});
+      expect(replay.headers['idempotent-replayed']).toBe('true');
+      expect(replay.headers['x-a']).toBe('1, 2');
+      expect(replay.headers['set-cookie']).toBeUndefined();
+      expect(runs).toBe(1);
+    },
+  );
+});
