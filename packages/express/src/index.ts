@@ -228,7 +228,7 @@ function send(res: Response, response: StoredResponse): void {
  * before oncely that wrapped one of them (compression, on-headers) is wrapped in turn, so what the handler writes
  * is captured before that middleware transforms it, as it was mounted to do. `_implicitHeader` is what Node's own
  * `write` and `end` call to send the head: a library calling them directly (`ServerResponse.prototype.end.call`)
- * sends the response around the capture, which is then recorded as executed rather than left headless.
+ * sends the response around the capture, which is then decided when it ends (executed once it finished).
  */
 class Held {
   readonly protocol = PROTOCOL;
@@ -248,6 +248,11 @@ class Held {
   readonly #writeHead: AnyMethod;
   readonly #implicitHeader: AnyMethod;
   #callbacks: WriteCallback[] | undefined;
+  /**
+   * The head as it stood when the handler first wrote body bytes with `write` (held): without oncely it went out
+   * then, so `headersSent` reads true from there on and a later answer cannot replace it.
+   */
+  #wroteHead: WrittenHead | undefined;
 
   constructor(
     res: HeldResponse,
@@ -269,8 +274,35 @@ class Held {
     r.end = heldEnd as AnyMethod;
     r.writeHead = heldWriteHead as AnyMethod;
     r._implicitHeader = heldImplicitHeader as AnyMethod;
+    // In transactional mode nothing may reach the client before the commit: a flush is only a hint, the head stays
+    // held with the rest.
+    if (context.db !== undefined) r.flushHeaders = heldFlushHeaders as AnyMethod;
     res.on('close', onClose);
     res.on('pipe', onPipe);
+  }
+
+  /** Whether Node sent the head (`headersSent` as Node reports it, below the one the held write sets). */
+  headSent(): boolean {
+    const head = this.#wroteHead;
+    return head === undefined ? this.#res.headersSent : head.sent.call(this.#res);
+  }
+
+  /**
+   * The handler wrote body bytes, held here: as Node would have sent the head then, `headersSent` reads true from now
+   * on (so Express's error handling destroys the connection rather than answer again), and the head is noted to
+   * tell a later answer that replaces it.
+   */
+  #wrote(): void {
+    const res = this.#res;
+    let sent: (() => boolean) | undefined;
+    for (
+      let o: object | null = Object.getPrototypeOf(res);
+      o !== null && sent === undefined;
+      o = Object.getPrototypeOf(o)
+    )
+      sent = Object.getOwnPropertyDescriptor(o, 'headersSent')?.get as (() => boolean) | undefined;
+    this.#wroteHead = { status: res.statusCode, headers: res.getHeaders(), sent: sent ?? headSentByNode };
+    Object.defineProperty(res, 'headersSent', { configurable: true, enumerable: false, get: alwaysTrue });
   }
 
   /** Whether a call of `write`/`writeHead` is held here (`end` is, also while the body streams through). */
@@ -298,26 +330,27 @@ class Held {
   }
 
   /**
-   * The head goes out around the capture (Node's own methods called on the response, or its head sent before):
-   * what is held goes first, and the request is recorded as executed.
+   * The head goes out around the capture (Node's own methods called on the response, `res.flushHeaders()`, or its
+   * head sent before): what is held goes first, and the answer began. What is recorded is decided when the response
+   * ends (`closed`): finished, executed without a body; failed or cut short before, as any answer that began.
    */
   wentAround(): void {
     this.active = false;
     const held = this.capture.drain();
-    if (!this.#res.headersSent) {
+    if (!this.headSent()) {
       // Node's end may have sized the head for its own chunk alone: what is held goes with it, so no length.
       if (held.length > 0) (this.#res as { _contentLength?: unknown })._contentLength = null;
       this.call('implicitHeader');
     }
     for (const chunk of held) this.call('write', chunk);
-    this.capture.wentAround();
+    this.capture.began();
   }
 
   writeHead(status: unknown, message: unknown, headers: unknown): Response {
     const res = this.#res;
     if (!this.holds()) return this.call('writeHead', status, message, headers) as Response;
     const code = nodeStatus(status);
-    if (res.headersSent) {
+    if (this.headSent()) {
       this.wentAround();
       return this.call('writeHead', status, message, headers) as Response;
     }
@@ -328,8 +361,10 @@ class Held {
     else fields = message;
     if (Array.isArray(fields)) {
       // Raw header list: [name, value, name, value, ...] or [[name, value], ...].
+      // A name given twice keeps both values, as Node's writeHead sends them: those given replace any set before.
       const flat = Array.isArray(fields[0]) ? fields.flat() : fields;
-      for (let i = 0; i + 1 < flat.length; i += 2) res.setHeader(String(flat[i]), flat[i + 1] as string);
+      for (let i = 0; i + 1 < flat.length; i += 2) res.removeHeader(String(flat[i]));
+      for (let i = 0; i + 1 < flat.length; i += 2) res.appendHeader(String(flat[i]), flat[i + 1] as string);
     } else if (fields !== null && typeof fields === 'object') {
       for (const [name, value] of Object.entries(fields))
         if (value !== undefined) res.setHeader(name, value as string);
@@ -354,13 +389,14 @@ class Held {
       }
       return writeAfterEnd(res, cb);
     }
-    if (res.headersSent) {
+    if (this.headSent()) {
       this.wentAround();
       return this.call('write', chunk, encoding, callback) as boolean;
     }
     // Node checks the status when the first write sends the head.
     res.statusCode = nodeStatus(res.statusCode);
     if (!this.begin()) return this.call('write', chunk, encoding, callback) as boolean;
+    if (this.#wroteHead === undefined) this.#wrote();
     const held = this.capture.hold(chunk as Chunk, bufferEncoding(encoding));
     // The chunk is accepted into memory: say so now, or a handler awaiting its write callback would never resume.
     if (typeof cb === 'function') process.nextTick(cb as WriteCallback);
@@ -388,7 +424,7 @@ class Held {
       else if (typeof cb === 'function') this.#onFinish(cb as WriteCallback);
       return res;
     }
-    if (res.headersSent && !this.capture.streaming) {
+    if (this.headSent() && !this.capture.streaming) {
       this.wentAround();
       return this.call('end', chunk, encoding, cb) as Response;
     }
@@ -403,6 +439,16 @@ class Held {
       // Over the limit before the end: the last chunk goes through too; kept as executed with its status only.
       this.#sendAndSettle(hasChunk ? [chunk as Chunk] : [], encoding);
       return res;
+    }
+    const head = this.#wroteHead;
+    if (head !== undefined) {
+      // Without oncely, a status set after the first write changes nothing sent; a header set throws
+      // (ERR_HTTP_HEADERS_SENT, as an error handler's `res.status(500).json()` does): an answer replacing the head.
+      res.statusCode = head.status;
+      if (!sameHeaders(res.getHeaders(), head.headers)) {
+        this.#replaced(head);
+        return res;
+      }
     }
     if (hasChunk && !capture.hold(chunk as Chunk, bufferEncoding(encoding))) {
       this.#sendAndSettle(capture.drain(), undefined);
@@ -435,6 +481,29 @@ class Held {
       })
       .catch((error: unknown) => this.#sendFailed(error));
     return res;
+  }
+
+  /**
+   * Another answer replaced the head after the handler wrote body bytes: without oncely that head and those bytes
+   * were sent already and the connection is closed (Express does when a handler fails mid-response). So here: they
+   * go out, the connection closes, and the key is released, never a merged body under the second answer's length.
+   */
+  #replaced(head: WrittenHead): void {
+    const res = this.#res;
+    this.active = false;
+    const held = this.capture.drain();
+    void this.capture
+      .failed(this.noted ?? new Error('the response was answered again after its body began'))
+      .catch(() => undefined);
+    // Only what the new answer changed is put back, so the rest keeps the case it was set with.
+    const now = res.getHeaders();
+    for (const name in now) if (!(name in head.headers)) res.removeHeader(name);
+    for (const name in head.headers)
+      if (now[name] !== head.headers[name])
+        res.setHeader(name, head.headers[name] as string | string[] | number);
+    const last = held.length - 1;
+    for (let i = 0; i < last; i++) this.call('write', held[i]);
+    this.call('write', held[last] ?? EMPTY, () => res.destroy());
   }
 
   /** The body went over the limit: what is left goes out now and the record keeps the status only. */
@@ -503,6 +572,24 @@ class Held {
   }
 }
 
+/** The head when the handler first wrote, and how Node tells whether it sent one. */
+interface WrittenHead {
+  readonly status: number;
+  readonly headers: Readonly<Record<string, unknown>>;
+  readonly sent: (this: Response) => boolean;
+}
+
+const EMPTY = Buffer.alloc(0);
+
+function alwaysTrue(): boolean {
+  return true;
+}
+
+/** `headersSent` of Node's `http.ServerResponse`, for a response whose prototypes define none. */
+function headSentByNode(this: Response): boolean {
+  return (this as { _header?: unknown })._header != null;
+}
+
 function heldOf(res: HeldResponse): Held {
   return res[kHeld] as Held;
 }
@@ -525,6 +612,11 @@ function heldImplicitHeader(this: HeldResponse): unknown {
     return undefined;
   }
   return held.call('implicitHeader');
+}
+function heldFlushHeaders(this: HeldResponse): void {
+  const held = heldOf(this);
+  if (held.holds()) held.begin();
+  else Object.getPrototypeOf(this).flushHeaders.call(this);
 }
 function onClose(this: HeldResponse): void {
   heldOf(this).closed();

@@ -103,6 +103,50 @@ describe('transactional mode over HTTP (Express)', () => {
     expect(await count('fails')).toBe(0);
   });
 
+  test('res.flushHeaders() sends nothing before the commit: a handler that then fails rolls back, the retry runs', async () => {
+    const app = express();
+    app.use(express.json());
+    app.use(idempotency({ store, transactional: true }));
+    let runs = 0;
+    app.post('/flushed', async (req, res) => {
+      runs++;
+      res.flushHeaders();
+      await transactionClient(req).query(`INSERT INTO "${db.schema}".charges (key) VALUES ($1)`, [
+        req.idempotencyKey,
+      ]);
+      if (req.body.breakCommit) {
+        await transactionClient(req).query(`INSERT INTO "${db.schema}".deferred VALUES (1)`);
+        res.status(201).json({ ok: true });
+        return;
+      }
+      res.destroy(new Error('failed after flushing the head'));
+    });
+    const attempt = () =>
+      request(app)
+        .post('/flushed')
+        .set('Idempotency-Key', 'flushed')
+        .send({})
+        .then(
+          () => 'answered',
+          () => 'closed',
+        );
+    expect(await attempt()).toBe('closed');
+    await sleep(100);
+    expect(await count('flushed')).toBe(0);
+    expect(await recordState('flushed')).toBeUndefined();
+    expect(await attempt()).toBe('closed');
+    expect(runs).toBe(2);
+    expect(await count('flushed')).toBe(0);
+
+    // The head was held too: a commit that fails still turns the answer into a 500, and nothing is kept.
+    const broken = await request(app)
+      .post('/flushed')
+      .set('Idempotency-Key', 'flushed-broken')
+      .send({ breakCommit: true });
+    expect(broken.status).toBe(500);
+    expect(await count('flushed-broken')).toBe(0);
+  });
+
   test('a commit that fails turns the handler’s 201 into a 500 problem, and nothing is kept', async () => {
     const { app } = expressApp();
     const res = await request(app)
