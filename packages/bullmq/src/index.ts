@@ -1,5 +1,12 @@
 import { createHash } from 'node:crypto';
-import { IdempotencyOptionsError, type Jsonified, type JsonStorable, PermanentError } from '@oncely/core';
+import {
+  IdempotencyOptionsError,
+  IdempotencySetupError,
+  InvalidValueError,
+  type Jsonified,
+  type JsonStorable,
+  PermanentError,
+} from '@oncely/core';
 import {
   type ConsumerOptions,
   type ConsumerSettledEvent,
@@ -192,7 +199,7 @@ export function idempotentProcessor<R, J extends BullmqJob = Job<unknown, unknow
         return (result ?? null) as BullmqResult<R>;
       case 'delay': {
         if (typeof token !== 'string') {
-          throw new Error(
+          throw new IdempotencySetupError(
             'oncely: the processor was called without the worker token (its second argument), so the job cannot be moved back to delayed; let a BullMQ Worker call it.',
           );
         }
@@ -236,9 +243,11 @@ function keyString(value: unknown): string | undefined {
   if (typeof value === 'string') return value;
   if (typeof value === 'number' && Number.isFinite(value)) return String(value);
   if (isThenable(value)) {
-    throw new TypeError('key(job) returned a promise: the key function must be synchronous');
+    throw new InvalidValueError('key(job) returned a promise: the key function must be synchronous');
   }
-  throw new TypeError(`key(job) must return a string (or undefined for "no key"); got ${typeof value}`);
+  throw new InvalidValueError(
+    `key(job) must return a string (or undefined for "no key"); got ${typeof value}`,
+  );
 }
 
 function attemptsOf(job: BullmqJob): number {

@@ -1,3 +1,4 @@
+import { IdempotentFetchBodyTooLargeError, IdempotentFetchOptionsError } from './errors';
 /** A body every attempt can send again, byte for byte: the server's fingerprint compares them. */
 export type ReplayableBody = Uint8Array<ArrayBuffer> | Blob | null;
 
@@ -50,13 +51,14 @@ async function readUpTo(
       signal?.throwIfAborted();
       if (done) break;
       if (!ArrayBuffer.isView(value))
-        throw new TypeError(
+        throw new IdempotentFetchOptionsError(
+          'body',
           `oncely: a request body stream must produce Uint8Array chunks (as fetch requires); got ${typeof value}`,
         );
       size += value.byteLength;
       if (size > limit) {
         await reader.cancel().catch(() => {});
-        throw new RangeError(
+        throw new IdempotentFetchBodyTooLargeError(
           `oncely: the request body stream is larger than maxBodyBytes (${limit} bytes), so it cannot be kept to ` +
             'send again on a retry; nothing was sent. Raise maxBodyBytes, or pass the body as bytes, a string or a Blob.',
         );

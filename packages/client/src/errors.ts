@@ -12,6 +12,14 @@ export class IdempotentFetchOptionsError extends TypeError {
 }
 
 /**
+ * A request body stream larger than `maxBodyBytes`: it cannot be kept to send again on a retry, so nothing was sent.
+ * A `RangeError`, as it always was.
+ */
+export class IdempotentFetchBodyTooLargeError extends RangeError {
+  override name = 'IdempotentFetchBodyTooLargeError';
+}
+
+/**
  * Why a call gave up:
  * - `'max-attempts'`: `maxAttempts` attempts were made;
  * - `'deadline'`: the next attempt could not have ended within `deadline`;
@@ -67,6 +75,10 @@ export class IdempotentFetchError extends Error {
 
 // `instanceof OncelyError` (@oncely/core's base of every error oncely throws) reads this registered symbol, so that
 // these errors are oncely's without this package depending on @oncely/core.
-for (const errorClass of [IdempotentFetchOptionsError, IdempotentFetchError]) {
+for (const errorClass of [
+  IdempotentFetchOptionsError,
+  IdempotentFetchBodyTooLargeError,
+  IdempotentFetchError,
+]) {
   Object.defineProperty(errorClass.prototype, Symbol.for('oncely.error'), { value: true });
 }

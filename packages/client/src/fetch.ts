@@ -1,6 +1,6 @@
 import { type ReplayableBody, replayableBody } from './body';
 import { backoff, parseRetryAfter, sleep } from './delays';
-import { type GiveUpReason, IdempotentFetchError } from './errors';
+import { type GiveUpReason, IdempotentFetchError, IdempotentFetchOptionsError } from './errors';
 import { checkKey, newKey } from './key';
 import { type IdempotentFetchOptions, type ResolvedOptions, resolveOptions } from './options';
 import type { AttemptOutcome } from './outcome';
@@ -72,7 +72,8 @@ async function call(
   if (givenKey !== undefined) {
     key = checkKey(givenKey);
     if (headerKey !== null && headerKey !== key)
-      throw new TypeError(
+      throw new IdempotentFetchOptionsError(
+        'key',
         `oncely: the request has an ${o.header} header (${JSON.stringify(headerKey)}) and a different key ` +
           `option (${JSON.stringify(key)}); give one of them`,
       );
@@ -85,7 +86,8 @@ async function call(
   // A browser drops every header but a few from a no-cors request, the key among them, and hides the answer's
   // status: the retries would go without a key, and could run the operation again.
   if (key !== undefined && template.mode === 'no-cors')
-    throw new TypeError(
+    throw new IdempotentFetchOptionsError(
+      'mode',
       `oncely: a request with mode 'no-cors' cannot carry an ${o.header} (browsers drop the header, so a retry could run the operation twice); send it with mode 'cors' and list ${o.header} in the server's Access-Control-Allow-Headers`,
     );
 

@@ -1,3 +1,5 @@
+import { IdempotentFetchOptionsError } from './errors';
+
 // What an oncely server accepts (and the IETF draft's examples use): visible ASCII, at most 255 characters.
 const VISIBLE_ASCII = /^[\x21-\x7e]{1,255}$/;
 
@@ -14,7 +16,8 @@ export function newKey(): string {
 /** A per-call `key` that no oncely server would refuse with a 400; a TypeError names the problem. */
 export function checkKey(key: unknown): string {
   if (typeof key !== 'string' || !VISIBLE_ASCII.test(key))
-    throw new TypeError(
+    throw new IdempotentFetchOptionsError(
+      'key',
       `oncely: key must be 1 to 255 visible ASCII characters (no spaces), such as crypto.randomUUID(); got ${JSON.stringify(key)}`,
     );
   return key;

@@ -369,6 +369,11 @@ describe('keys', () => {
     await expect(
       client('http://api.test/x', { method: 'POST', key: 'a', headers: { 'Idempotency-Key': 'b' } }),
     ).rejects.toThrow(/has an Idempotency-Key header \("b"\) and a different key option \("a"\)/);
+    const refused = await client('http://api.test/x', { method: 'POST', key: 'has space' }).catch(
+      (e: unknown) => e,
+    );
+    expect(refused).toBeInstanceOf(OncelyError);
+    expect((refused as IdempotentFetchOptionsError).option).toBe('key');
     expect(requests).toHaveLength(0);
   });
 

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import type { IdempotencyStore } from '@oncely/core';
+import { type IdempotencyStore, OncelyError } from '@oncely/core';
 import { IdempotentFetchError, type IdempotentFetchOptions, idempotentFetch, type RetryEvent } from '../src';
 import { droppingProxy } from './proxy';
 import type { ServerKind, TestServer } from './servers';
@@ -323,6 +323,7 @@ export function clientSuite(kind: ServerKind, storeName: string, store: () => Id
         body: stream,
       }).catch((e: unknown) => e);
       expect(error).toBeInstanceOf(RangeError);
+      expect(error).toBeInstanceOf(OncelyError);
       expect((error as Error).message).toMatch(/larger than maxBodyBytes \(2500 bytes\).*nothing was sent/);
       expect(pulled()).toBeLessThan(5); // not read to its end: it stopped past the limit (streams read ahead a little)
       expect(sent).toHaveLength(0);

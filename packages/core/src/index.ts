@@ -18,7 +18,14 @@ export type { IdempotencyOptions } from './http/options';
 export { PROBLEM_TYPES } from './http/problems';
 export { type ScopeByHeaderOptions, scopeByHeader } from './http/scope';
 export { type Duration, type DurationUnit, parseDuration } from './shared/duration';
-export { IdempotencyOptionsError, OncelyError } from './shared/errors';
+export {
+  IdempotencyOptionsError,
+  IdempotencySetupError,
+  InvalidValueError,
+  OncelyError,
+  StoreOperationError,
+  ValueOutOfRangeError,
+} from './shared/errors';
 export type {
   AdapterKind,
   CompleteEvent,

@@ -1,5 +1,6 @@
 import type { AttributeValue } from '@aws-sdk/client-dynamodb';
 import type { StoredResponse } from '@oncely/core';
+import { StoreOperationError } from '@oncely/core';
 import type { IdempotencyRecord } from '@oncely/core/adapter';
 
 /**
@@ -116,7 +117,7 @@ export function parseItem(item: Item, where: string): ParsedRecord {
     token === undefined ||
     expiresAt === undefined
   ) {
-    throw new Error(`oncely/dynamodb: the item under ${where} is not an oncely record`);
+    throw new StoreOperationError(`oncely/dynamodb: the item under ${where} is not an oncely record`);
   }
   const record: ParsedRecord = {
     state,

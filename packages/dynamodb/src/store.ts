@@ -14,7 +14,12 @@ import {
   type WriteRequest,
 } from '@aws-sdk/client-dynamodb';
 import type { AcquireResult, IdempotencyStore, StoredResponse } from '@oncely/core';
-import { IdempotencyOptionsError } from '@oncely/core';
+import {
+  IdempotencyOptionsError,
+  IdempotencySetupError,
+  StoreOperationError,
+  ValueOutOfRangeError,
+} from '@oncely/core';
 import { type AcquireOptions, type IdempotencyRecord, OMITTED_BODY_HEADER } from '@oncely/core/adapter';
 import {
   ATTR,
@@ -187,13 +192,15 @@ export class DynamoDBStore implements IdempotencyStore {
       const key = Table?.KeySchema ?? [];
       const type = Table?.AttributeDefinitions?.find((d) => d.AttributeName === this.#pk)?.AttributeType;
       if (key.length !== 1 || key[0]?.AttributeName !== this.#pk || type !== 'S') {
-        throw new Error(
+        throw new IdempotencySetupError(
           `oncely/dynamodb: table ${this.#table} exists with key ${JSON.stringify(key)}; the store needs a partition key "${this.#pk}" of type S and no sort key (option "partitionKey").`,
         );
       }
       if (Table?.TableStatus === 'ACTIVE') break;
       if (Date.now() > deadline) {
-        throw new Error(`oncely/dynamodb: table ${this.#table} is still ${Table?.TableStatus} (timeoutMs)`);
+        throw new StoreOperationError(
+          `oncely/dynamodb: table ${this.#table} is still ${Table?.TableStatus} (timeoutMs)`,
+        );
       }
       await sleep(250);
     }
@@ -203,7 +210,7 @@ export class DynamoDBStore implements IdempotencyStore {
     const status = ttl?.TimeToLiveStatus;
     if (status === 'ENABLED' || status === 'ENABLING') {
       if (ttl?.AttributeName === this.#ttl) return { created, timeToLive: 'enabled' };
-      throw new Error(
+      throw new IdempotencySetupError(
         `oncely/dynamodb: table ${this.#table} has TTL on attribute ${JSON.stringify(ttl?.AttributeName)}; set option "ttlAttribute" to it (a table has one TTL attribute).`,
       );
     }
@@ -291,7 +298,7 @@ export class DynamoDBStore implements IdempotencyStore {
       if (response === undefined) continue;
       return { status: 'completed', fingerprint: record.fingerprint, response };
     }
-    throw new Error(
+    throw new StoreOperationError(
       `oncely/dynamodb: acquire for key ${JSON.stringify(key)} found no stable answer after 10 attempts`,
     );
   }
@@ -499,7 +506,9 @@ export class DynamoDBStore implements IdempotencyStore {
       record.response = response;
       return record;
     }
-    throw new Error(`oncely/dynamodb: get for key ${JSON.stringify(key)} found no stable answer`);
+    throw new StoreOperationError(
+      `oncely/dynamodb: get for key ${JSON.stringify(key)} found no stable answer`,
+    );
   }
 
   /** Removes the record under `key` whatever its state, and its chunk items. Resolves `true` if one was live. */
@@ -520,7 +529,7 @@ export class DynamoDBStore implements IdempotencyStore {
   #key(key: string): string {
     const pk = this.#prefix + key;
     if (Buffer.byteLength(pk) > MAX_KEY_BYTES) {
-      throw new Error(
+      throw new ValueOutOfRangeError(
         `oncely/dynamodb: key ${JSON.stringify(key.slice(0, 64))}... is longer than DynamoDB's 2048-byte partition key (with the prefix)`,
       );
     }
@@ -599,7 +608,9 @@ export class DynamoDBStore implements IdempotencyStore {
   /** Unprocessed batch entries (throttling, or a response over 16 MB): back off and send them again, 8 times. */
   async #backoff(attempt: number, operation: string): Promise<void> {
     if (attempt > 8) {
-      throw new Error(`oncely/dynamodb: ${operation} left items unprocessed after ${attempt} attempts`);
+      throw new StoreOperationError(
+        `oncely/dynamodb: ${operation} left items unprocessed after ${attempt} attempts`,
+      );
     }
     await sleep(Math.min(1000, 25 * 2 ** attempt));
   }

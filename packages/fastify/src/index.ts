@@ -4,6 +4,7 @@ import {
   Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
+  InvalidValueError,
   type StoredResponse,
 } from '@oncely/core';
 import { nestedEngine, registrationOf } from '@oncely/core/adapter';
@@ -300,7 +301,8 @@ function holdNow(capture: ResponseCapture, payload: unknown): Held | undefined {
 async function holdPayload(reply: FastifyReply, capture: ResponseCapture, payload: unknown): Promise<Held> {
   if (isWebResponse(payload)) {
     // Fastify applies a Response's status and headers only after onSend: apply them now, so they are recorded.
-    if (payload.body !== null && payload.bodyUsed) throw new Error('The Response body has already been read');
+    if (payload.body !== null && payload.bodyUsed)
+      throw new InvalidValueError('The Response body has already been read');
     reply.code(payload.status);
     for (const [name, value] of payload.headers) reply.header(name, value);
     payload = payload.body;

@@ -1,4 +1,5 @@
 import { createParamDecorator, type ExecutionContext, SetMetadata } from '@nestjs/common';
+import { InvalidValueError } from '@oncely/core';
 import type { IdempotentOptions } from './options';
 
 /** Metadata key of `@Idempotent()` on a controller class or a handler method. */
@@ -14,7 +15,7 @@ export type IdempotentSetting = IdempotentOptions | false;
  */
 export function Idempotent(options: IdempotentOptions | false = {}): ClassDecorator & MethodDecorator {
   if (options !== false && (options === null || typeof options !== 'object')) {
-    throw new TypeError(
+    throw new InvalidValueError(
       `@oncely/nestjs: @Idempotent() takes options, or false to opt out; got ${JSON.stringify(options)}. Use @Idempotent() to cover with the module's options.`,
     );
   }

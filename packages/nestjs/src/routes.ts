@@ -1,5 +1,6 @@
 import { Inject, Injectable, type Type } from '@nestjs/common';
 import { DiscoveryService, HttpAdapterHost, MetadataScanner } from '@nestjs/core';
+import { IdempotencySetupError } from '@oncely/core';
 import { idempotency } from '@oncely/express';
 import { idempotencyPlugin, noteHandlerError } from '@oncely/fastify';
 import type { RequestHandler } from 'express';
@@ -80,7 +81,7 @@ export class IdempotencyRoutes implements RouteMounter {
     if (adapter === undefined || adapter === null) return;
     const type = adapter.getType();
     if (type !== 'express' && type !== 'fastify') {
-      throw new Error(
+      throw new IdempotencySetupError(
         `@oncely/nestjs runs on @nestjs/platform-express and @nestjs/platform-fastify; this application's HTTP adapter is "${type}".`,
       );
     }
@@ -205,7 +206,7 @@ function writeFastifyConfig(
 ): void {
   const written = fastifyConfigWritten.get(handler);
   if (written !== undefined && written.controller !== controller && !sameSetting(written.setting, setting)) {
-    throw new Error(
+    throw new IdempotencySetupError(
       `@oncely/nestjs: ${name} is a handler inherited by ${written.controller.name} too, and the two controllers mark it differently with @Idempotent(); on Fastify a route's options belong to the handler function: put @Idempotent() on the handler in each controller (override it).`,
     );
   }

@@ -34,7 +34,7 @@ import {
   UseInterceptors,
 } from '@nestjs/common';
 import { APP_INTERCEPTOR } from '@nestjs/core';
-import { type IdempotencyStore, MemoryStore } from '@oncely/core';
+import { type IdempotencyStore, MemoryStore, OncelyError } from '@oncely/core';
 import { OBSERVERS } from '@oncely/core/adapter';
 import { idempotency } from '@oncely/express';
 import { idempotencyPlugin } from '@oncely/fastify';
@@ -1046,6 +1046,8 @@ describe.each(['express', 'fastify'] as const)('@oncely/nestjs on %s', (platform
 
     test('@Idempotent(true) from JavaScript is refused when the decorator is made', () => {
       expect(() => Idempotent(true as never)).toThrow(/takes options, or false/);
+      expect(() => Idempotent(true as never)).toThrow(TypeError);
+      expect(() => Idempotent(true as never)).toThrow(OncelyError);
     });
   });
 });

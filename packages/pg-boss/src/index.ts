@@ -3,7 +3,9 @@ import {
   type Duration,
   IdempotencyOptionsError,
   type IdempotencyStore,
+  InvalidValueError,
   type JsonStorable,
+  OncelyError,
 } from '@oncely/core';
 import {
   type ConsumerBroker,
@@ -94,7 +96,7 @@ export interface PgBossTransactionalWorkerOptions<J extends PgBossJob, Db>
 }
 
 /** Thrown (so that pg-boss fails them, and retries them per its `retryLimit`) for jobs that must run again. */
-export class JobsToRetryError extends Error {
+export class JobsToRetryError extends OncelyError {
   /** The ids of the jobs left for pg-boss to fail, with why. */
   readonly jobs: ReadonlyArray<{ id: string; key: string | undefined; reason: string; error?: unknown }>;
 
@@ -362,7 +364,7 @@ function resolveKey<J extends PgBossJob>(source: unknown): (job: J) => string | 
       const key: unknown = source(job);
       if (key === undefined || typeof key === 'string') return key;
       // Thrown inside the runtime's keyOf: the job is settled as invalid-key, not run with a made-up key.
-      throw new TypeError(`the key function must return a string or undefined; got ${typeof key}`);
+      throw new InvalidValueError(`the key function must return a string or undefined; got ${typeof key}`);
     };
   }
   throw new IdempotencyOptionsError(

@@ -1,3 +1,4 @@
+import { IdempotencySetupError } from '@oncely/core';
 import type { PoolClient } from 'pg';
 
 /**
@@ -8,7 +9,7 @@ import type { PoolClient } from 'pg';
 export function transactionClient(request: { idempotency?: { db: unknown } | undefined }): PoolClient {
   const db = request.idempotency?.db;
   if (db === undefined || db === null) {
-    throw new Error(
+    throw new IdempotencySetupError(
       'oncely/postgres: this request has no idempotency transaction; use transactional: true on the adapter with a PostgresStore, and send an Idempotency-Key.',
     );
   }

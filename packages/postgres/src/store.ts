@@ -7,6 +7,7 @@ import {
   type InProgressResult,
   parseDuration,
   type StoredResponse,
+  StoreOperationError,
 } from '@oncely/core';
 import {
   type AcquireOptions,
@@ -376,7 +377,7 @@ export class PostgresStore implements TransactionalIdempotencyStore {
         };
       return { status: 'completed', fingerprint: row.fingerprint ?? '', response: toResponse(row) };
     }
-    throw new Error(
+    throw new StoreOperationError(
       `oncely/postgres: acquire for key ${JSON.stringify(key)} found no stable answer after 10 attempts`,
     );
   }

@@ -2,7 +2,7 @@
  * @services postgres
  */
 import { join } from 'node:path';
-import { IdempotencyInProgressError } from '@oncely/core';
+import { IdempotencyInProgressError, IdempotencySetupError, OncelyError } from '@oncely/core';
 import { idempotency } from '@oncely/express';
 import { idempotencyPlugin } from '@oncely/fastify';
 import { startAppProcess } from '@oncely/testing';
@@ -201,6 +201,11 @@ describe('transactional mode over HTTP (Express)', () => {
     expect(b.status).toBe(201);
     expect(b.headers['idempotent-replayed']).toBe('true');
     expect(await count('wait-tx')).toBe(1);
+  });
+
+  test('transactionClient outside a transaction throws an OncelyError', () => {
+    expect(() => transactionClient({})).toThrow(IdempotencySetupError);
+    expect(() => transactionClient({})).toThrow(OncelyError);
   });
 
   test('without transactional: true the handler gets no client, and says so', async () => {

@@ -1,4 +1,5 @@
 import type { AcquireResult, StoredResponse } from '@oncely/core';
+import { StoreOperationError } from '@oncely/core';
 import type { IdempotencyRecord } from '@oncely/core/adapter';
 
 /**
@@ -18,7 +19,7 @@ const text = (value: Reply | undefined): string =>
 /** A decimal number in `record` from `start` up to the next ':'; `end` is that colon's position. */
 function numberAt(record: Buffer, start: number): { value: number; end: number } {
   const end = record.indexOf(COLON, start);
-  if (end < 0) throw new Error('oncely/redis: a stored record is cut short');
+  if (end < 0) throw new StoreOperationError('oncely/redis: a stored record is cut short');
   return { value: Number(record.toString('latin1', start, end)), end };
 }
 
@@ -65,7 +66,7 @@ export function parseAcquire(reply: unknown, token: string): AcquireResult {
       retryAfterMs: Math.max(0, Number(reply[1])),
     };
   }
-  throw new Error(`oncely/redis: unexpected acquire reply ${JSON.stringify(reply)}`);
+  throw new StoreOperationError(`oncely/redis: unexpected acquire reply ${JSON.stringify(reply)}`);
 }
 
 /**

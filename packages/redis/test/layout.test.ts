@@ -2,6 +2,7 @@
  * @services redis
  */
 import { randomBytes, randomUUID } from 'node:crypto';
+import { OncelyError, StoreOperationError } from '@oncely/core';
 import Redis from 'ioredis';
 import { RedisStore } from '../src';
 import { parseAcquire } from '../src/replies';
@@ -59,6 +60,11 @@ const oldServer = {
 // Every byte value, colons included: the new layout finds its fields by lengths, not by scanning the body.
 const body = Buffer.from(Array.from({ length: 600 }, (_, i) => i % 256));
 const headers = { 'content-type': 'application/octet-stream', 'set-cookie': ['a=1', 'b=2'], etag: '"v1:2"' };
+
+test('a reply the store does not know is an OncelyError, not a plain Error', () => {
+  expect(() => parseAcquire('weird', 'unused')).toThrow(StoreOperationError);
+  expect(() => parseAcquire('weird', 'unused')).toThrow(OncelyError);
+});
 
 describe.each(CLIENT_KINDS)('$name', (kind) => {
   let connected: ConnectedClient;

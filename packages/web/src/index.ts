@@ -1,4 +1,9 @@
-import { Idempotency, type IdempotencyContext, type IdempotencyOptions } from '@oncely/core';
+import {
+  Idempotency,
+  type IdempotencyContext,
+  type IdempotencyOptions,
+  InvalidValueError,
+} from '@oncely/core';
 import { registrationOf } from '@oncely/core/adapter';
 import { registrationMade, respondOnce } from './respond';
 
@@ -38,7 +43,7 @@ export function withIdempotency<Args extends unknown[] = []>(
   options: WebIdempotencyOptions = {},
 ): (request: Request, ...args: Args) => Promise<Response> {
   if (typeof handler !== 'function') {
-    throw new TypeError(
+    throw new InvalidValueError(
       'oncely: withIdempotency(handler, options) needs the fetch handler as its first argument.',
     );
   }

@@ -1,5 +1,6 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Idempotency, IdempotencyContext, Logger, StoredResponse } from '@oncely/core';
+import { InvalidValueError } from '@oncely/core';
 import { conflictingOptions, type Execution, type Registration, refuseNested } from '@oncely/core/adapter';
 
 /** What `respondOnce` needs to know about one request. */
@@ -203,7 +204,7 @@ export async function respondOnce<Req>(
       return replacement === undefined ? response.response : toResponse(replacement);
     }
     if (!isResponse(response)) {
-      throw new TypeError(
+      throw new InvalidValueError(
         `oncely: the handler must return a Response; it returned ${response === null ? 'null' : typeof response}`,
       );
     }

@@ -1,6 +1,6 @@
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
-import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
+import { IdempotencyOptionsError, MemoryStore, OncelyError } from '@oncely/core';
 import { idempotency } from '@oncely/express';
 import { expectLeavingClientReleased, fetchHandlerClient } from '@oncely/testing';
 import express from 'express';
@@ -61,8 +61,9 @@ describe('@oncely/web specifics', () => {
       return { status: 200 };
     }) as unknown as (request: Request) => Promise<Response>);
     await expect(handler(post('/a', 'bad'))).rejects.toThrow(/must return a Response/);
-    await expect(handler(post('/a', 'bad'))).rejects.toThrow(/must return a Response/);
+    await expect(handler(post('/a', 'bad'))).rejects.toThrow(OncelyError);
     expect(runs).toBe(2);
+    expect(() => withIdempotency('not a handler' as never)).toThrow(OncelyError);
   });
 
   test('a request body that fails while oncely reads it: 400 body-unreadable, handler not run', async () => {

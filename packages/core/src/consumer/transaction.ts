@@ -1,3 +1,4 @@
+import { InvalidValueError, StoreOperationError } from '../shared/errors';
 import { HookRunner } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
 import { KeyProtocol, verdictOf } from '../shared/protocol';
@@ -83,7 +84,7 @@ export async function transactOnce<T, Db>(
       result = await work(transaction.db as Db);
       const json = JSON.stringify(result);
       if (json === undefined)
-        throw new TypeError(
+        throw new InvalidValueError(
           `oncely: the result of the work for key ${JSON.stringify(key)} is not JSON-serialisable (got ${typeof result}); nothing was committed.`,
         );
       body = Buffer.from(json);
@@ -103,7 +104,7 @@ export async function transactOnce<T, Db>(
     }
     protocol.completed(key, committed, 200, log);
     if (!committed) {
-      throw new Error(
+      throw new StoreOperationError(
         `oncely: the record for key ${JSON.stringify(key)} could not be completed; nothing was committed.`,
       );
     }

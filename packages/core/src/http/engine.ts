@@ -1,4 +1,5 @@
 import { asStoredFingerprint, hasLoneSurrogate } from '../shared/checks';
+import { InvalidValueError } from '../shared/errors';
 import { HookRunner } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
 import { observedStore } from '../shared/observe';
@@ -213,9 +214,9 @@ export class Idempotency<Req = unknown> {
         const scope: unknown = o.scope(input.request);
         // Anything but a string (a Promise from an async scope, undefined) would merge scopes: refuse it.
         if (typeof scope !== 'string')
-          throw new TypeError(`scope() must return a string; it returned ${typeof scope}`);
+          throw new InvalidValueError(`scope() must return a string; it returned ${typeof scope}`);
         if (hasLoneSurrogate(scope)) {
-          throw new TypeError(
+          throw new InvalidValueError(
             'scope() returned a string with a lone surrogate (not well-formed Unicode), which a store keeping UTF-8 would confuse with another scope',
           );
         }
@@ -510,6 +511,6 @@ function looksUnset(scope: string): boolean {
 }
 
 /** A scope refused by `looksUnset`: reported as a wiring mistake, not as a scope function that threw. */
-class UnsetScopeError extends TypeError {
+class UnsetScopeError extends InvalidValueError {
   override name = 'UnsetScopeError';
 }

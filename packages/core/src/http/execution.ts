@@ -1,3 +1,4 @@
+import { ValueOutOfRangeError } from '../shared/errors';
 import type { ReleaseEvent } from '../shared/hooks';
 import type { Logger } from '../shared/logger';
 import { type KeyProtocol, Lease } from '../shared/protocol';
@@ -95,7 +96,7 @@ export class Execution {
     let headers: Record<string, string | string[]>;
     try {
       if (!isValidStatus(captured.status)) {
-        throw new RangeError(
+        throw new ValueOutOfRangeError(
           `the response status ${String(captured.status)} is not an HTTP status (an integer from 100 to 999)`,
         );
       }

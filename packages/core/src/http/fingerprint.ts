@@ -1,4 +1,5 @@
 import * as crypto from 'node:crypto';
+import { InvalidValueError, ValueOutOfRangeError } from '../shared/errors';
 
 // One-shot hashing (Node >= 20.12): no Hash object per request. Older Node 20 releases fall back to createHash;
 // both give the same digest.
@@ -100,7 +101,7 @@ function buildCanonical(root: unknown): string {
       const withToJson = value as { toJSON?: () => unknown };
       if (typeof withToJson.toJSON !== 'function') break;
       if (chain === MAX_TO_JSON_CHAIN)
-        throw new RangeError('canonicalJson: toJSON() results chain without end');
+        throw new ValueOutOfRangeError('canonicalJson: toJSON() results chain without end');
       value = withToJson.toJSON();
     }
     if (value === null || typeof value !== 'object') {
@@ -108,7 +109,8 @@ function buildCanonical(root: unknown): string {
     } else {
       if (open.length >= CYCLE_CHECK_DEPTH) {
         ancestors ??= new Set(open.map((container) => container.items));
-        if (ancestors.has(value)) throw new TypeError('canonicalJson: the value contains itself (a cycle)');
+        if (ancestors.has(value))
+          throw new InvalidValueError('canonicalJson: the value contains itself (a cycle)');
         ancestors.add(value);
       }
       if (Array.isArray(value)) {

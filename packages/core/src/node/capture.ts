@@ -1,6 +1,7 @@
 import { Readable } from 'node:stream';
 import type { Execution } from '../http/execution';
 import type { OutgoingHeaderValue } from '../http/headers';
+import { InvalidValueError } from '../shared/errors';
 import type { StoredResponse } from '../stores/store';
 
 /** What the capture reads of a Node response (`http.ServerResponse`, `Http2ServerResponse`) when it settles. */
@@ -282,7 +283,7 @@ export function toChunk(value: unknown): Buffer {
   if (Buffer.isBuffer(value)) return value;
   if (typeof value === 'string') return Buffer.from(value);
   if (value instanceof Uint8Array) return Buffer.from(value.buffer, value.byteOffset, value.byteLength);
-  throw new TypeError(
+  throw new InvalidValueError(
     `oncely: a response stream gave a ${typeof value} chunk; only bytes and strings can be sent`,
   );
 }

@@ -1,3 +1,4 @@
+import { InvalidValueError } from './errors';
 /** The units a duration string may end with: milliseconds, seconds, minutes, hours, days. */
 export type DurationUnit = 'ms' | 's' | 'm' | 'h' | 'd';
 
@@ -31,7 +32,7 @@ export function parseDuration(value: Duration | string): number {
     if (match && Number.isFinite(amount) && amount >= 0)
       return Math.round(amount * (UNIT_MS[match[2] as string] as number)) || 0;
   }
-  throw new TypeError(
+  throw new InvalidValueError(
     `Invalid duration ${JSON.stringify(value)}: use a number of milliseconds or a string like '30s', '24h'.`,
   );
 }

@@ -44,3 +44,38 @@ export class IdempotencyOptionsError extends TypeError {
   }
 }
 markOncelyError(IdempotencyOptionsError);
+
+/**
+ * A value handed to oncely, or returned by a function given to it (`scope()`, a key function, a handler), is of a
+ * kind oncely cannot use: a duration that is not one, a scope that is not a string, a response chunk that is not
+ * bytes. A `TypeError`, as these always were, and an `OncelyError`.
+ */
+export class InvalidValueError extends TypeError {
+  override name = 'InvalidValueError';
+}
+markOncelyError(InvalidValueError);
+
+/**
+ * A value is outside what oncely can take: a response status no HTTP response can have, `toJSON()` results that
+ * chain without end. A `RangeError`, as these always were, and an `OncelyError`.
+ */
+export class ValueOutOfRangeError extends RangeError {
+  override name = 'ValueOutOfRangeError';
+}
+markOncelyError(ValueOutOfRangeError);
+
+/**
+ * A store operation failed in a way oncely found itself (an item that is not an oncely record, a reply it does not
+ * know, no stable answer after its retries), not with an error of the store's client.
+ */
+export class StoreOperationError extends OncelyError {
+  override readonly name = 'StoreOperationError';
+}
+
+/**
+ * oncely is set up or called in a way it cannot work with: an unsupported framework platform, a transaction asked
+ * for outside one, a processor called without what it needs. The message says how to fix it.
+ */
+export class IdempotencySetupError extends OncelyError {
+  override readonly name = 'IdempotencySetupError';
+}

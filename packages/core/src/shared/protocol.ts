@@ -13,6 +13,7 @@ import type {
   TransactionalIdempotencyStore,
 } from '../stores/store';
 import { asStoredFingerprint, hasLoneSurrogate } from './checks';
+import { StoreOperationError } from './errors';
 import type { AdapterKind, HookRunner, ReleaseEvent } from './hooks';
 import type { Logger } from './logger';
 import { followConfirmation } from './observe';
@@ -292,7 +293,7 @@ export function verdictOf(result: AcquireResult, fingerprint: string, compare: b
 
 /** The error an `unknown` verdict stands for, as the store's own failure. */
 export function unknownStatusError(result: AcquireResult): Error {
-  return new Error(
+  return new StoreOperationError(
     `store.acquire() resolved to an unknown status ${JSON.stringify((result as { status?: unknown }).status)}`,
   );
 }

@@ -1,4 +1,5 @@
 import type { Socket } from 'node:net';
+import { StoreOperationError } from '@oncely/core';
 import { untilFirstConnection } from './first-connection';
 import type { RedisConnection, ScriptArgument } from './types';
 
@@ -147,7 +148,7 @@ export function nodeRedisConnection(client: object): RedisConnection {
         }
       };
       const ready = subscriber.connect().then(() => {
-        if (closed) throw new Error('oncely/redis: the store was closed while subscribing');
+        if (closed) throw new StoreOperationError('oncely/redis: the store was closed while subscribing');
         return subscriber.subscribe(channel, onMessage);
       });
       return { ready, close };
