@@ -6,13 +6,15 @@ import { randomBytes } from 'node:crypto';
 import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
+import { MySQLStore } from '@oncely/mysql';
 import { PostgresStore } from '@oncely/postgres';
 import { type PrivateRedis, startRedis } from '@oncely/testing';
 import Redis from 'ioredis';
+import mysql from 'mysql2/promise';
 import pg from 'pg';
 import { BENCH_DIR, lastLine, startChild } from './src/child';
 import type { Framework, Services, StoreName } from './src/config';
-import { postgresProcesses, redisProcesses } from './src/cpu';
+import { mysqlProcesses, postgresProcesses, redisProcesses } from './src/cpu';
 import { type DynamoSetup, setupDynamo } from './src/dynamo-setup';
 import {
   buildMatrix,
@@ -26,6 +28,7 @@ import {
   type Scenario,
   startServer,
 } from './src/http';
+import { measureLambdaColdStart } from './src/lambda';
 import { describeMachine } from './src/machine';
 import { startMonitor } from './src/monitor';
 import { summariseProfile } from './src/profile';
@@ -45,7 +48,8 @@ import type { StoreBenchConfig, StoreBenchResult } from './src/store-bench-types
 
 const HELP = `pnpm bench [flags]
   --framework express,fastify,hono,koa,nest frameworks (default: all five)
-  --store memory,redis,postgres   oncely stores (default: all, and dynamodb when packages/dynamodb is built)
+  --store memory,redis,postgres,mysql  oncely stores (default: all reachable, and dynamodb when packages/dynamodb
+                                  is built)
   --scenario first,replay,nokey   scenarios besides the bare framework (default: all)
   --peers / --no-peers            the npm peers on Express (default: on when memory or redis is measured)
   --otel                          also Fastify + Memory first execution with @oncely/opentelemetry on (metrics,
@@ -54,6 +58,8 @@ const HELP = `pnpm bench [flags]
   --rounds <n>                    rounds, median reported (default 3)
   --connections <n>               autocannon connections (default 50)
   --no-micro --no-memory          skip the store micro-benchmarks / memory per record
+  --no-lambda                     skip the AWS Lambda cold starts (bundle sizes and import times, oncely and
+                                  Powertools; lambda-cold-start.ts runs them alone)
   --smoke                         1 s per case, 1 round, short micro-benchmarks: checks the harness, asserts no speed
   --report                        write docs/benchmarks.md and docs/benchmarks.svg; profile missed targets
   --from <results.json>           with --report: write the page from saved results instead of measuring
@@ -70,6 +76,7 @@ const { values: args } = parseArgs({
     'no-peers': { type: 'boolean' },
     'no-micro': { type: 'boolean' },
     'no-memory': { type: 'boolean' },
+    'no-lambda': { type: 'boolean' },
     duration: { type: 'string' },
     rounds: { type: 'string' },
     connections: { type: 'string' },
@@ -161,7 +168,7 @@ const frameworks = list(
 const scenarios = list(args.scenario, SCENARIOS, 'scenario') ?? [...SCENARIOS];
 const requestedStores = list(
   args.store,
-  ['memory', 'redis', 'redis-node', 'postgres', 'dynamodb'] as const,
+  ['memory', 'redis', 'redis-node', 'postgres', 'mysql', 'dynamodb'] as const,
   'store',
 );
 const notes: string[] = [];
@@ -177,22 +184,26 @@ const replicaSet =
   process.env.ONCELY_BENCH_REDIS_REPLICA === '1' ? await startPrimaryWithReplica() : undefined;
 const redisUrl = replicaSet?.primary.url ?? process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
 const pgUrl = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+const mysqlUrl = process.env.MYSQL_URL ?? 'mysql://root@127.0.0.1:3306/test';
 const services: Services = {
   redisUrl,
   redisReplicas: replicaSet === undefined ? undefined : 1,
   redisPrefix: `oncely-bench-${runId}:`,
   pgUrl,
   pgSchema: `bench_${runId}`,
+  mysqlUrl,
+  mysqlTable: `oncely_bench_${runId}`,
 };
 
-const machine = await describeMachine(redisUrl, pgUrl);
+const machine = await describeMachine(redisUrl, pgUrl, mysqlUrl);
 log(
-  `oncely bench ${runId}: ${machine.cpu}, ${machine.cores} cores, Node ${machine.node}, Redis ${machine.redis}, PostgreSQL ${machine.postgres}`,
+  `oncely bench ${runId}: ${machine.cpu}, ${machine.cores} cores, Node ${machine.node}, Redis ${machine.redis}, PostgreSQL ${machine.postgres}, MySQL ${machine.mysql}`,
 );
 
 // Which stores: the requested ones, or every one that is reachable (DynamoDB when its package is there).
 const stores: StoreName[] = [];
-for (const store of requestedStores ?? (['memory', 'redis', 'redis-node', 'postgres', 'dynamodb'] as const)) {
+for (const store of requestedStores ??
+  (['memory', 'redis', 'redis-node', 'postgres', 'mysql', 'dynamodb'] as const)) {
   const explicit = requestedStores !== undefined;
   if ((store === 'redis' || store === 'redis-node') && machine.redis === 'unreachable') {
     if (explicit) throw new Error(`Redis is unreachable at ${redisUrl} (set REDIS_URL)`);
@@ -202,6 +213,11 @@ for (const store of requestedStores ?? (['memory', 'redis', 'redis-node', 'postg
   if (store === 'postgres' && machine.postgres === 'unreachable') {
     if (explicit) throw new Error(`PostgreSQL is unreachable at ${pgUrl} (set DATABASE_URL)`);
     notes.push(`PostgreSQL: unreachable at ${pgUrl}, so every PostgreSQL case was skipped.`);
+    continue;
+  }
+  if (store === 'mysql' && machine.mysql === 'unreachable') {
+    if (explicit) throw new Error(`MySQL is unreachable at ${mysqlUrl} (set MYSQL_URL)`);
+    notes.push(`MySQL: unreachable at ${mysqlUrl}, so every MySQL case was skipped.`);
     continue;
   }
   stores.push(store);
@@ -227,6 +243,12 @@ let pgPool: pg.Pool | undefined;
 if (stores.includes('postgres')) {
   pgPool = new pg.Pool({ connectionString: pgUrl, max: 2 });
   await new PostgresStore({ pool: pgPool, schema: services.pgSchema }).migrate();
+}
+
+let mysqlPool: mysql.Pool | undefined;
+if (stores.includes('mysql')) {
+  mysqlPool = mysql.createPool({ uri: mysqlUrl, connectionLimit: 2 });
+  await new MySQLStore({ pool: mysqlPool, table: services.mysqlTable }).migrate();
 }
 
 // A private redis-server (when the binary is there) for counting commands and for memory per record.
@@ -258,6 +280,11 @@ async function cleanup(): Promise<void> {
     await pgPool.end();
     log(`cleanup: schema ${services.pgSchema} dropped`);
   }
+  if (mysqlPool !== undefined) {
+    await mysqlPool.query(`DROP TABLE IF EXISTS \`${services.mysqlTable}\``);
+    await mysqlPool.end();
+    log(`cleanup: table ${services.mysqlTable} dropped`);
+  }
   await privateRedis?.stop();
   await replicaSet?.stop();
   await dynamo?.stop();
@@ -278,6 +305,13 @@ if (stores.includes('postgres')) {
   else storeProcesses.postgres = postgres;
 }
 
+if (stores.includes('mysql')) {
+  const server = await mysqlProcesses(mysqlUrl);
+  if (server === undefined)
+    notes.push(`MySQL CPU per request: the server at ${mysqlUrl} is not a process here.`);
+  else storeProcesses.mysql = server;
+}
+
 const load: LoadOptions = { duration, warmup, connections, replayKeys, storeProcesses };
 const results: RunResults = {
   date: new Date().toISOString(),
@@ -293,6 +327,7 @@ const results: RunResults = {
   httpTrips: [],
   tripsCounter: '',
   memory: null,
+  lambda: null,
   profiles: [],
   notes,
 };
@@ -332,19 +367,34 @@ function gitDescribe(): string | undefined {
   }
 }
 
+/**
+ * The smoke run checks that each part of the harness still works, not the whole matrix (over 100 cases, some ten
+ * minutes at 1 s each): every framework and peer, every store on Express, every scenario on Express + memory.
+ */
+function smokeCases(all: HttpCase[]): HttpCase[] {
+  return all.filter((c) => {
+    if (c.scenario === 'bare') return true;
+    const k = c.kind;
+    if (k.impl !== 'oncely') return c.scenario === 'first';
+    if (k.framework === 'express' && k.store === 'memory') return true;
+    return c.scenario === 'first' && (k.framework === 'express' || k.store === 'memory');
+  });
+}
+
 function fmt(m: Measurement): string {
   const cpu = `  cpu ${m.cpuServerUs === undefined ? '-' : m.cpuServerUs.toFixed(1)} µs${m.cpuStoreUs === undefined ? '' : ` + store ${m.cpuStoreUs.toFixed(1)} µs`}`;
   return `${Math.round(m.rps).toString().padStart(6)} req/s  p50 ${m.p50.toFixed(2)} ms  p99 ${m.p99.toFixed(2)} ms${cpu}  non-2xx ${m.non2xx}${m.errors > 0 ? `  errors ${m.errors}` : ''}`;
 }
 
 try {
-  const cases = buildMatrix({
+  const matrix = buildMatrix({
     frameworks: frameworks as Framework[],
     stores,
     scenarios: scenarios as Scenario[],
     peers,
     otel: args.otel === true,
   });
+  const cases = smoke ? smokeCases(matrix) : matrix;
   if (args.profile !== undefined) {
     for (const id of args.profile.split(',')) {
       const c = cases.find((x) => x.id === id);
@@ -441,7 +491,15 @@ try {
     else notes.push('Memory per record: no redis-server binary on this machine (it needs a private one).');
   }
 
-  // 5. Targets; with --report, a CPU profile of each case behind a missed target (and of its bare framework).
+  // 5. AWS Lambda cold starts: bundle sizes and import times of the same function with oncely and Powertools.
+  if (!args['no-lambda'])
+    await stage('lambda cold starts', async () => {
+      results.lambda = await measureLambdaColdStart({ runs: smoke ? 2 : 40, warmup: smoke ? 0 : 3, log });
+      if (results.lambda.imports.length === 0) throw new Error(results.lambda.failures.join('; '));
+      for (const f of results.lambda.failures) notes.push(`Lambda cold starts: not measured: ${f}`);
+    });
+
+  // 6. Targets; with --report, a CPU profile of each case behind a missed target (and of its bare framework).
   const targets = evaluateTargets(results);
   for (const t of targets)
     log(

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# The services the tests and examples need, on this machine: Redis, PostgreSQL, RabbitMQ, NATS with JetStream, and
-# Chromium (headless, for @oncely/client's browser test).
+# The services the tests and examples need, on this machine: Redis, PostgreSQL, MariaDB, RabbitMQ, NATS with JetStream,
+# Chromium (headless, for @oncely/client's browser test), and what the SQS tests need to start their own fauxqs.
 #
 #   bash scripts/services.sh           install (Debian/Ubuntu packages) what is missing, start what is not running
 #   bash scripts/services.sh --check   only say which are up; exit 1 if any is not
 #
 # Each is looked for where the tests look by default (127.0.0.1: Redis 6379, PostgreSQL 5432 with database `test`,
-# RabbitMQ 5672 guest/guest, NATS 4222); one already running there is left alone. A newly installed PostgreSQL is
-# set to trust connections from loopback, as the tests expect (a throwaway test database, nothing else).
+# MariaDB 3306 as root without password with database `test`, RabbitMQ 5672 guest/guest, NATS 4222); one already
+# running there is left alone. A newly installed PostgreSQL is set to trust connections from loopback, and MariaDB's
+# root to log in without password from 127.0.0.1, as the tests expect (a throwaway test database, nothing else).
+# SQS: nothing runs here. Each SQS test file starts fauxqs (npm) on a free port, on a Node 22.5+: the running one, or
+# the binary `npm run setup` installs from npm; this script says whether that works (or whether SQS_ENDPOINT answers).
+# `npm run sqs-server` runs one on 127.0.0.1:4566 for examples.
 # .ci/run calls this script; README.md tells people to: the two cannot drift. compose.yaml is the Docker way.
 set -euo pipefail
 
@@ -15,6 +19,8 @@ REDIS_PORT=6379
 PG_HOST=127.0.0.1
 PG_PORT=5432
 PG_DB=test
+MYSQL_PORT=3306
+MYSQL_DB=test
 RABBITMQ_PORT=5672
 NATS_PORT=4222
 CHROMIUM=/usr/bin/chromium # Debian's; the browser test also takes a `chromium` on PATH
@@ -132,6 +138,46 @@ ensure_postgres() {
   ensure_postgres_binaries
 }
 
+# A MariaDB binary: on PATH, or in /usr/sbin (Debian's, often not on a user's PATH); prints nothing if none.
+mariadb_binary() {
+  local name
+  for name in "$@"; do
+    if command -v "$name" 2>/dev/null; then return 0; fi
+    if [ -x "/usr/sbin/$name" ]; then echo "/usr/sbin/$name"; return 0; fi
+  done
+}
+mariadb_up() { mariadb -h 127.0.0.1 -P "$MYSQL_PORT" -uroot -e 'SELECT 1' </dev/null; }
+
+# The binaries too: tests start private servers (mariadb-install-db + mariadbd) to kill and pause
+# (packages/mysql/test/outages.test.ts, @services mariadb-server).
+ensure_mariadb() {
+  if [ -z "$(mariadb_binary mariadbd mysqld)" ] || [ -z "$(mariadb_binary mariadb-install-db mysql_install_db)" ] ||
+    ! command -v mariadb >/dev/null 2>&1; then
+    log "installing mariadb"
+    apt_install mariadb-server mariadb-client
+  fi
+  if ! port_open "$MYSQL_PORT"; then
+    log "starting mariadb"
+    as_root mkdir -p /run/mysqld
+    as_root chown mysql:mysql /run/mysqld
+    # Its own config (Debian's: /etc/mysql) says the user (mysql), datadir, socket and port.
+    as_root start-stop-daemon --start --oknodo --background --exec "$(mariadb_binary mariadbd mysqld)" </dev/null
+    wait_for 60 port_open "$MYSQL_PORT"
+  fi
+  if ! wait_for 5 mariadb_up; then
+    # Debian's root logs in only through the socket, as the OS root: let it in without password from loopback.
+    log "letting root log in without password from 127.0.0.1"
+    as_root mariadb -uroot -e "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';
+      GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
+      ALTER USER 'root'@'localhost' IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD('');
+      FLUSH PRIVILEGES;" </dev/null
+    mariadb_up
+  fi
+  mariadb -h 127.0.0.1 -P "$MYSQL_PORT" -uroot -e "CREATE DATABASE IF NOT EXISTS \`$MYSQL_DB\`" </dev/null
+  echo "mariadb: up on 127.0.0.1:$MYSQL_PORT, database $MYSQL_DB"
+  echo "mariadb binaries: $(mariadb_binary mariadbd mysqld), $(mariadb_binary mariadb-install-db mysql_install_db)"
+}
+
 ensure_rabbitmq() {
   if ! port_open "$RABBITMQ_PORT"; then
     if ! command -v rabbitmq-server >/dev/null 2>&1; then
@@ -176,6 +222,23 @@ ensure_chromium() {
   echo "chromium: $("$(chromium_bin)" --version 2>/dev/null) at $(chromium_bin)"
 }
 
+ensure_promtool() {
+  # Not a service either: Prometheus's promtool checks @oncely/opentelemetry's alert rules and runs their unit tests.
+  if ! command -v promtool >/dev/null 2>&1; then
+    log "installing prometheus (for promtool)"
+    apt_install prometheus
+  fi
+  echo "promtool: $(promtool --version 2>&1 | head -1)"
+}
+
+# Whether the SQS tests can start fauxqs (scripts/sqs-server.mjs --check says how, or what is missing).
+sqs_check() { node "$(dirname "${BASH_SOURCE[0]}")/sqs-server.mjs" --check; }
+
+ensure_sqs() {
+  # Before `npm run setup` (as in .ci/run), fauxqs and its Node are not installed yet: setup installs them.
+  if ! sqs_check; then echo "sqs: npm run setup installs fauxqs and a Node 22 for it (node_modules)"; fi
+}
+
 check() {
   local down=0
   check_one() {
@@ -183,6 +246,7 @@ check() {
   }
   check_one redis "$REDIS_PORT"
   check_one postgres "$PG_PORT"
+  check_one mariadb "$MYSQL_PORT"
   check_one rabbitmq "$RABBITMQ_PORT"
   check_one nats "$NATS_PORT"
   if command -v redis-server >/dev/null 2>&1; then echo "redis-server binary: $(command -v redis-server)"; else
@@ -195,10 +259,20 @@ check() {
     echo "postgres binaries: initdb or postgres not found (tests start private PostgreSQL servers from them)"
     down=1
   fi
+  if [ -n "$(mariadb_binary mariadbd mysqld)" ] && [ -n "$(mariadb_binary mariadb-install-db mysql_install_db)" ]; then
+    echo "mariadb binaries: $(mariadb_binary mariadbd mysqld), $(mariadb_binary mariadb-install-db mysql_install_db)"
+  else
+    echo "mariadb binaries: mariadbd or mariadb-install-db not found (tests start private MariaDB servers from them)"
+    down=1
+  fi
   if [ -n "$(chromium_bin)" ]; then echo "chromium binary: $(chromium_bin)"; else
     echo "chromium binary: not at $CHROMIUM nor on PATH (@oncely/client's browser test drives it)"
     down=1
   fi
+  if command -v promtool >/dev/null 2>&1; then echo "promtool: $(command -v promtool)"; else
+    echo "promtool: not on PATH (Debian's prometheus package; the alert rules' test needs it in CI)"
+  fi
+  sqs_check || down=1
   return "$down"
 }
 
@@ -207,9 +281,12 @@ case "${1:-}" in
   '')
     ensure_redis
     ensure_postgres
+    ensure_mariadb
     ensure_rabbitmq
     ensure_nats
     ensure_chromium
+    ensure_promtool
+    ensure_sqs
     ;;
   *)
     echo "usage: bash scripts/services.sh [--check]" >&2

@@ -3,7 +3,7 @@
 export type Framework = 'express' | 'fastify' | 'hono' | 'koa' | 'nest';
 /** oncely's stores; 'none' is the bare framework. */
 /** 'redis' is RedisStore through ioredis, 'redis-node' through node-redis (the `redis` package). */
-export type StoreName = 'memory' | 'redis' | 'redis-node' | 'postgres' | 'dynamodb';
+export type StoreName = 'memory' | 'redis' | 'redis-node' | 'postgres' | 'mysql' | 'dynamodb';
 
 export type ServerKind =
   /**
@@ -38,6 +38,9 @@ export interface Services {
   /** PostgreSQL connection string and the schema of this run (migrated by the runner). */
   pgUrl: string;
   pgSchema: string;
+  /** MySQL or MariaDB URL, and the records table of this run (migrated by the runner). */
+  mysqlUrl: string;
+  mysqlTable: string;
   /** DynamoDB (dynalite) endpoint and table of this run, when @oncely/dynamodb is present. */
   dynamo?: { endpoint: string; table: string; modulePath: string; sdkPath: string } | undefined;
 }

@@ -4,6 +4,7 @@
 import { execFileSync } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import Redis from 'ioredis';
+import mysql from 'mysql2/promise';
 import pg from 'pg';
 
 /** Clock ticks per second of /proc's utime and stime (100 on Linux, read once). */
@@ -53,6 +54,25 @@ export async function redisProcesses(url: string): Promise<StoreProcesses | unde
     return undefined;
   } finally {
     client.disconnect();
+  }
+}
+
+/** mysqld or mariadbd: one process (its threads are counted with it), found through its pid file. */
+export async function mysqlProcesses(url: string): Promise<StoreProcesses | undefined> {
+  try {
+    const connection = await mysql.createConnection({ uri: url, connectTimeout: 2_000 });
+    let file: string;
+    try {
+      const [rows] = await connection.query('SELECT @@pid_file AS file');
+      file = String((rows as { file: string }[])[0]?.file);
+    } finally {
+      await connection.end();
+    }
+    const pid = Number(readFileSync(file, 'utf8').trim());
+    if (!Number.isInteger(pid) || cpuSeconds(pid) === undefined) return undefined;
+    return { label: `mysqld ${pid}`, read: () => cpuSeconds(pid) };
+  } catch {
+    return undefined;
   }
 }
 

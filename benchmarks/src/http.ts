@@ -32,6 +32,7 @@ export const STORE_LABEL: Record<StoreName | 'none', string> = {
   redis: 'Redis',
   'redis-node': 'Redis (node-redis)',
   postgres: 'PostgreSQL',
+  mysql: 'MySQL',
   dynamodb: 'DynamoDB',
   none: 'none',
 };
@@ -195,13 +196,14 @@ export interface LoadOptions {
   /** Extra node flags for the server (--cpu-prof ...). */
   nodeFlags?: string[];
   /** The store servers' processes, whose CPU time is read around the measured window. */
-  storeProcesses?: Partial<Record<'redis' | 'postgres', StoreProcesses>>;
+  storeProcesses?: Partial<Record<'redis' | 'postgres' | 'mysql', StoreProcesses>>;
 }
 
 function storeProcessesOf(c: HttpCase, options: LoadOptions): StoreProcesses | undefined {
   const store = 'store' in c.kind ? c.kind.store : undefined;
   if (store === 'redis' || store === 'redis-node') return options.storeProcesses?.redis;
   if (store === 'postgres') return options.storeProcesses?.postgres;
+  if (store === 'mysql') return options.storeProcesses?.mysql;
   return undefined;
 }
 

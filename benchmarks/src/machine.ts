@@ -2,6 +2,7 @@
 import { readFileSync } from 'node:fs';
 import { cpus, loadavg, totalmem } from 'node:os';
 import Redis from 'ioredis';
+import mysql from 'mysql2/promise';
 import pg from 'pg';
 
 export interface Machine {
@@ -11,6 +12,8 @@ export interface Machine {
   node: string;
   redis: string;
   postgres: string;
+  /** MySQL or MariaDB: `VERSION()`, or 'unreachable'; absent from results saved before it was measured. */
+  mysql?: string;
   os: string;
   loadBefore: string;
 }
@@ -35,7 +38,7 @@ function osName(): string {
   return process.platform;
 }
 
-export async function describeMachine(redisUrl: string, pgUrl: string): Promise<Machine> {
+export async function describeMachine(redisUrl: string, pgUrl: string, mysqlUrl: string): Promise<Machine> {
   let redis = 'unreachable';
   const client = new Redis(redisUrl, { lazyConnect: true, maxRetriesPerRequest: 1 });
   try {
@@ -57,6 +60,18 @@ export async function describeMachine(redisUrl: string, pgUrl: string): Promise<
   } finally {
     await pool.end();
   }
+  let mysqlVersion = 'unreachable';
+  try {
+    const connection = await mysql.createConnection({ uri: mysqlUrl, connectTimeout: 2_000 });
+    try {
+      const [rows] = await connection.query('SELECT VERSION() AS version');
+      mysqlVersion = String((rows as { version: string }[])[0]?.version ?? 'unknown');
+    } finally {
+      await connection.end();
+    }
+  } catch {
+    // reported as unreachable
+  }
   return {
     cpu: cpuModel(),
     cores: cpus().length,
@@ -64,6 +79,7 @@ export async function describeMachine(redisUrl: string, pgUrl: string): Promise<
     node: process.version,
     redis,
     postgres,
+    mysql: mysqlVersion,
     os: osName(),
     loadBefore: loadavg()
       .map((l) => l.toFixed(2))

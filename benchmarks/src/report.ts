@@ -2,6 +2,7 @@
 // published run lives in benchmarks/notes.md and is included as it is.
 import { existsSync, readFileSync } from 'node:fs';
 import { FRAMEWORK_LABEL, type Scenario } from './http';
+import { lambdaSection } from './lambda';
 import type { ProfileSummary } from './profile';
 import {
   type CaseResult,
@@ -126,6 +127,7 @@ export function renderMarkdown(results: RunResults, svgName: string, notesPath: 
         ['Node', m.node],
         ['Redis', m.redis],
         ['PostgreSQL', m.postgres],
+        ['MySQL', m.mysql ?? 'not measured'],
         ['load average before the run (1/5/15 min)', m.loadBefore],
       ],
     ),
@@ -146,7 +148,7 @@ export function renderMarkdown(results: RunResults, svgName: string, notesPath: 
       '- **CPU µs/req**: user + system CPU time of the server process (all its threads), and of the store server (`redis-server`; the PostgreSQL postmaster and all its children) when it runs on this machine, read from `/proc` just before and just after the measured window and divided by the requests answered in it. Requests/s on this shared machine move by ±30% between runs; the CPU a request costs moves much less, so targets read it beside requests/s. The store figure counts every client of that server in the window (the benchmark is its only busy one).',
       "- **floor (by hand) + Redis** (Express and Fastify, `src/floor.ts`): the least work any atomic Redis-backed idempotency layer must do, written by hand in the route over one ioredis client with auto-pipelining: one script call that returns the stored record or reserves the key (`SET ... PX`), the handler, one `SET ... PX` of status, headers and body before the response is sent. No fingerprint, no fencing token, no lease renewal, no wait mode, no problem+json. It is the reference for what oncely's Redis path can cost: the CPU targets compare oncely + Redis with it.",
       `- **× bare** is the case's median requests/s over the median of the bare framework in the same run (Express cases and express-idempotency over bare Express 5, Fastify over bare Fastify, @node-idempotency/nestjs over a bare NestJS app).`,
-      '- Stores as a user would set them up: `MemoryStore` defaults; `RedisStore` over one ioredis client; `PostgresStore` over a `pg` Pool of the default size (10). Redis keys get a random prefix per run and PostgreSQL a schema of its own per run, both removed at the end.',
+      '- Stores as a user would set them up: `MemoryStore` defaults; `RedisStore` over one ioredis client; `PostgresStore` over a `pg` Pool of the default size (10); `MySQLStore` over a `mysql2` pool of 10 wrapped in `withQueryTimeout`, as docs/stores/mysql.md shows. Redis keys get a random prefix per run, PostgreSQL a schema and MySQL a table of their own per run, all removed at the end.',
     ].join('\n'),
   );
   out.push('');
@@ -207,7 +209,7 @@ export function renderMarkdown(results: RunResults, svgName: string, notesPath: 
     out.push('## Stores alone');
     out.push('');
     out.push(
-      `In-process, one fresh process per store, ${o.microConcurrency} operations in flight, ${o.microDuration} s per phase after a warm-up. *acquire + complete* is a first execution's store work (a new key); *replay* is \`acquire\` on one of 100 completed keys. Round trips are **counted** over ${o.countOps} operations run one at a time: Redis commands seen by \`MONITOR\` on the key (commands a Lua script runs inside Redis are not round trips and are not counted), PostgreSQL queries through a wrapped \`pool.query\`.`,
+      `In-process, one fresh process per store, ${o.microConcurrency} operations in flight, ${o.microDuration} s per phase after a warm-up. *acquire + complete* is a first execution's store work (a new key); *replay* is \`acquire\` on one of 100 completed keys. Round trips are **counted** over ${o.countOps} operations run one at a time: Redis commands seen by \`MONITOR\` on the key (commands a Lua script runs inside Redis are not round trips and are not counted), PostgreSQL queries through a wrapped \`pool.query\`, MySQL statements through a wrapped \`pool.execute\` and \`pool.query\`.`,
     );
     out.push('');
     out.push(
@@ -281,6 +283,7 @@ export function renderMarkdown(results: RunResults, svgName: string, notesPath: 
     );
     out.push('');
   }
+  if (results.lambda != null) out.push(...lambdaSection(results.lambda), '');
   out.push('## Where the time goes');
   out.push('');
   if (results.profiles.length > 0) {
@@ -327,7 +330,7 @@ export function renderMarkdown(results: RunResults, svgName: string, notesPath: 
       'pnpm bench --report              # also writes docs/benchmarks.md and docs/benchmarks.svg, profiling missed targets',
       '```',
       '',
-      'Redis is `REDIS_URL` (default `redis://127.0.0.1:6379`) and PostgreSQL `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`); round trips and memory per record use a private `redis-server` when the binary is installed. Raw results of the last run are in `benchmarks/results/latest.json` (not committed).',
+      'Redis is `REDIS_URL` (default `redis://127.0.0.1:6379`), PostgreSQL `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and MySQL `MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`); round trips and memory per record use a private `redis-server` when the binary is installed. Raw results of the last run are in `benchmarks/results/latest.json` (not committed).',
     ].join('\n'),
   );
   out.push('');

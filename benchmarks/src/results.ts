@@ -1,5 +1,6 @@
 // The shape of one run's results (saved as JSON, read back by the report) and the targets of issue 7.
 import type { HttpCase, Measurement } from './http';
+import type { LambdaColdStart } from './lambda';
 import type { Machine } from './machine';
 import type { ProfileSummary } from './profile';
 import type { StoreBenchResult } from './store-bench-types';
@@ -56,6 +57,8 @@ export interface RunResults {
   httpTrips: TripsResult[];
   tripsCounter: string;
   memory: MemoryResult | null;
+  /** AWS Lambda cold starts (absent in results saved before it was measured). */
+  lambda?: LambdaColdStart | null;
   profiles: ProfileResult[];
   /** What was left out, and why. */
   notes: string[];

@@ -1,7 +1,7 @@
 // Store micro-benchmark, one store per process: acquire+complete and replay (acquire on a completed key)
 // operations per second with a fixed number in flight, then round trips per operation, counted: Redis commands
-// seen by MONITOR (script-internal commands excluded), PostgreSQL queries through a wrapped pool.query, DynamoDB
-// commands through a wrapped client.send. Prints one JSON line.
+// seen by MONITOR (script-internal commands excluded), PostgreSQL queries through a wrapped pool.query, MySQL
+// statements through a wrapped pool.execute and pool.query, DynamoDB commands through a wrapped client.send. Prints one JSON line.
 import type { IdempotencyStore, StoredResponse } from '@oncely/core';
 import pg from 'pg';
 import { readConfig } from './config';
@@ -70,7 +70,12 @@ if (name === 'redis' || name === 'redis-node') {
     monitor.stop();
   };
 } else if (opened.countCalls !== undefined) {
-  counter = name === 'postgres' ? 'pool.query wrapper' : 'client.send wrapper';
+  counter =
+    name === 'postgres'
+      ? 'pool.query wrapper'
+      : name === 'mysql'
+        ? 'pool.execute/query wrapper'
+        : 'client.send wrapper';
   opened.countCalls(() => {
     count++;
   });

@@ -2,9 +2,11 @@
 import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
 import { type Duration, type IdempotencyStore, MemoryStore } from '@oncely/core';
+import { MySQLStore, withQueryTimeout } from '@oncely/mysql';
 import { PostgresStore } from '@oncely/postgres';
 import { RedisStore } from '@oncely/redis';
 import Redis from 'ioredis';
+import mysql from 'mysql2/promise';
 import pg from 'pg';
 import { createClient } from 'redis';
 import type { Services, StoreName } from './config';
@@ -76,9 +78,44 @@ export async function openStore(name: StoreName, services: Services): Promise<Op
       };
       return { store, countCalls, close: () => pool.end() };
     }
+    case 'mysql':
+      return openMysql(services);
     case 'dynamodb':
       return openDynamo(services);
   }
+}
+
+/**
+ * As docs/stores/mysql.md's example: a pool of 10 with a connect timeout, wrapped in withQueryTimeout. Statements
+ * are counted where the store sends them, on the wrapped pool (execute and query).
+ */
+async function openMysql(services: Services): Promise<OpenStore> {
+  const raw = mysql.createPool({
+    uri: services.mysqlUrl,
+    connectionLimit: 10,
+    connectTimeout: 2_000,
+    enableKeepAlive: true,
+  });
+  const timed = withQueryTimeout(raw, 5_000);
+  let onCall: (() => void) | undefined;
+  const pool = new Proxy(timed, {
+    get(target, property) {
+      const value: unknown = Reflect.get(target, property);
+      if ((property !== 'execute' && property !== 'query') || typeof value !== 'function') return value;
+      return (...args: unknown[]) => {
+        onCall?.();
+        return (value as (...a: unknown[]) => unknown)(...args);
+      };
+    },
+  });
+  const store = new MySQLStore({ pool, table: services.mysqlTable });
+  return {
+    store,
+    countCalls: (callback) => {
+      onCall = callback;
+    },
+    close: () => raw.end(),
+  };
 }
 
 /** ONCELY_BENCH_REDIS_REPLICA=1 (the runner sets `redisReplicas`): every write confirmed on the replica. */

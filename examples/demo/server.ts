@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { createApp } from './app';
+import { createApp, FAIL_HEADER } from './app';
 
 const host = '127.0.0.1';
 const port = Number(process.env.PORT ?? 3000);
@@ -26,10 +26,13 @@ server.on('listening', () => {
   // Fresh keys on every start: the memory store forgets everything when the process stops.
   const key = `demo-${randomUUID()}`;
   const slowKey = `demo-${randomUUID()}`;
+  const orderKey = `demo-${randomUUID()}`;
+  const orderKey2 = `demo-${randomUUID()}`;
   const post = (path: string, k: string, body: string) =>
     `curl -i -w '\\n' -X POST ${url}${path} -H 'Idempotency-Key: ${k}' -H 'Content-Type: application/json' -d '${body}'`;
   const body = '{"amount":1000,"currency":"eur"}';
   const slowBody = '{"amount":500,"currency":"eur"}';
+  const orderBody = '{"amount":1500,"currency":"eur","email":"ada@example.com"}';
 
   console.log(`oncely demo listening on ${url} (Express 5, in-memory store). Ctrl+C to stop.
 This terminal logs what the server does; run the commands below in another terminal, in order.
@@ -63,9 +66,33 @@ Without an Idempotency-Key header the middleware stays out of the way: every cal
 
    curl -i -w '\\n' -X POST ${url}/charges -H 'Content-Type: application/json' -d '${body}'
 
-6. The decisions so far, counted by @oncely/opentelemetry (OpenTelemetry metrics, Prometheus text format):
+6. Steps (docs/steps.md): POST /orders writes an order, charges through the demo's own payment provider
+   (POST /provider/charges, which deduplicates by Idempotency-Key as real providers do; the route passes it
+   keyFor('charge')), then queues an email. This call fails on purpose after the charge, before the email
+   (header ${FAIL_HEADER}: after-charge): 500, and the key is released with its two steps recorded.
+
+   ${post('/orders', orderKey, orderBody)} -H '${FAIL_HEADER}: after-charge'
+
+   The client retries with the same key: the order and the charge are replayed from the record (the provider is
+   not called: no "provider:" line here), the email step runs, and the 201 carries the charge id of the first call.
+
+   ${post('/orders', orderKey, orderBody)}
+
+   What the provider did: one charge for the key ("charges": 1), asked for once ("requests": 1).
+
+   curl -s -w '\n' ${url}/provider/charges
+
+   The one window a record cannot cover: the provider charged, and the process failed before the step was
+   recorded. The retry runs the charge step again, with the same keyFor('charge'): the provider answers the charge
+   it made ("requests": 2, "charges": 1), and the 201 carries its id.
+
+   ${post('/orders', orderKey2, orderBody)} -H '${FAIL_HEADER}: charge-not-recorded'
+   ${post('/orders', orderKey2, orderBody)}
+   curl -s -w '\n' ${url}/provider/charges
+
+7. The decisions so far, counted by @oncely/opentelemetry (OpenTelemetry metrics, Prometheus text format):
    oncely_decisions_total by outcome (executed, replayed, conflict, mismatch, rejected...), store operation
-   durations, executions in flight. See docs/observability.md.
+   durations, executions in flight, oncely_steps_total by outcome (run, replayed). See docs/observability.md.
 
    curl -s ${url}/metrics | grep '^oncely_'
 `);

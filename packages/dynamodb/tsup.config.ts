@@ -1,4 +1,9 @@
 import { defineConfig } from 'tsup';
 import { packageBuild } from '../../tsup.base';
 
-export default defineConfig(packageBuild);
+// Two entries: the store, and `@oncely/dynamodb/records` (the item layout and its decoder, for tools such as `oncely`).
+export default defineConfig({
+  ...packageBuild,
+  entry: { index: 'src/index.ts', records: 'src/records/index.ts' },
+  splitting: true,
+});

@@ -1,4 +1,9 @@
 import { defineConfig } from 'tsup';
 import { packageBuild } from '../../tsup.base';
 
-export default defineConfig(packageBuild);
+// Two entries: the store, and `@oncely/redis/records` (where records are kept, for tools such as `oncely`).
+export default defineConfig({
+  ...packageBuild,
+  entry: { index: 'src/index.ts', records: 'src/records/index.ts' },
+  splitting: true,
+});

@@ -1,3 +1,9 @@
+/**
+ * Idempotent RabbitMQ consumers for oncely, on amqplib: each message's work runs once per key, duplicates are
+ * acked, failures are retried through delay queues, then dead-lettered.
+ *
+ * @module @oncely/amqp
+ */
 import { createHash } from 'node:crypto';
 import { IdempotencyOptionsError } from '@oncely/core';
 import {
@@ -13,7 +19,10 @@ export type AmqpKeySource =
   /** `properties.messageId`, as the producer set it (`publish(..., { messageId })`). */
   | 'messageId'
   /** A message header, e.g. `{ header: 'Idempotency-Key' }` (exact name first, then case-insensitive). */
-  | { header: string }
+  | {
+      /** The header's name. */
+      header: string;
+    }
   /** Your own function of the message; return `undefined` when the message has no key. */
   | ((msg: ConsumeMessage) => string | undefined);
 
@@ -43,8 +52,9 @@ export interface AmqpConsumerOptions extends ConsumerOptions<ConsumeMessage> {
 
 /** Header carrying the failed attempts of a message re-published for a retry. */
 export const FAILURES_HEADER = 'x-oncely-failures';
-/** Headers recording where a re-published message was first published (its original exchange and routing key). */
+/** Header recording the exchange a re-published message was first published to. */
 export const ORIGINAL_EXCHANGE_HEADER = 'x-oncely-original-exchange';
+/** Header recording the routing key a re-published message was first published with. */
 export const ORIGINAL_ROUTING_KEY_HEADER = 'x-oncely-original-routing-key';
 
 /**

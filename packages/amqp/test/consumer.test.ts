@@ -11,7 +11,7 @@ import {
   ORIGINAL_ROUTING_KEY_HEADER,
 } from '@oncely/amqp';
 import { IdempotencyOptionsError, type IdempotencyStore, MemoryStore, PermanentError } from '@oncely/core';
-import { sleep, waitUntil } from '@oncely/testing';
+import { resumingWork, sleep, waitUntil } from '@oncely/testing';
 import {
   type Channel,
   type ChannelModel,
@@ -221,6 +221,21 @@ test('a handler that fails once and then succeeds: acked, its work done once', a
   await c.stop();
 });
 
+test('steps: the redelivery after a failure replays the recorded step a without running it, then runs step b', async () => {
+  const { queue, dead } = await freshQueue('steps');
+  const { work, runs, seen } = resumingWork();
+  const c = await consume(queue, work, { store: newStore(), retryDelay: 100 });
+  await publish(queue, 'x', { messageId: 'steps-1' });
+  await waitUntil(() => c.events.some((e) => e.action === 'ack'), 'ack');
+  expect(reasons(c.events)).toEqual(['retry:failed', 'ack:executed']);
+  expect(runs).toEqual({ deliveries: 2, a: 1, b: 1 });
+  // Both deliveries got step a's one result, and the same derived key.
+  expect(seen.map((s) => s.a)).toEqual([{ n: 1 }, { n: 1 }]);
+  expect(seen[1]?.keyFor).toBe(seen[0]?.keyFor);
+  expect((await admin.checkQueue(dead)).messageCount).toBe(0);
+  await c.stop();
+});
+
 test('a permanent error is dead-lettered at once, and so is a later duplicate, without running again', async () => {
   const { queue, dead } = await freshQueue('permanent');
   let calls = 0;
@@ -301,7 +316,9 @@ test('key from a header or from a function', async () => {
     key: (msg) => `order:${(JSON.parse(msg.content.toString()) as { id: string }).id}`,
     fingerprint: false,
   });
+  // The second is published after the first is settled: sent together, it could meet the first in progress.
   await publish(queue, '{"id":"o-7","retry":0}');
+  await waitUntil(() => f.events.length === 1, 'function-keyed first');
   await publish(queue, '{"id":"o-7","retry":1}');
   await waitUntil(() => f.events.length === 2, 'function-keyed');
   expect(fnRuns).toBe(1);

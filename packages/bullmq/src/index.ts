@@ -1,3 +1,9 @@
+/**
+ * Idempotent BullMQ processors for oncely: each job's work runs once per key across workers, and a duplicate
+ * completes with the stored return value.
+ *
+ * @module @oncely/bullmq
+ */
 import { createHash } from 'node:crypto';
 import {
   IdempotencyOptionsError,
@@ -28,11 +34,15 @@ import {
  * gets (both have these).
  */
 export interface BullmqJob {
+  /** The job's id: never its key (a job added twice has two ids). */
   readonly id?: string | undefined;
+  /** The job's name: with `data`, what the fingerprint is computed from. */
   readonly name: string;
+  /** The job's data: with `name`, what the fingerprint is computed from, so a key reused for other work is caught. */
   readonly data: unknown;
   /** Failed attempts so far: BullMQ's own count, which its `attempts`/`backoff` options act on. */
   readonly attemptsMade: number;
+  /** Moves the job back to delayed until `timestamp` (ms since the epoch): how a job whose key is busy waits. */
   moveToDelayed(timestamp: number, token?: string): Promise<void>;
 }
 

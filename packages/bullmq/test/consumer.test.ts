@@ -9,7 +9,7 @@ import {
   jobHash,
 } from '@oncely/bullmq';
 import { IdempotencyOptionsError, idempotent, MemoryStore, PermanentError } from '@oncely/core';
-import { brokenStore, waitUntil } from '@oncely/testing';
+import { brokenStore, resumingWork, waitUntil } from '@oncely/testing';
 import { DelayedError, type Job, type JobsOptions, Queue, UnrecoverableError, Worker } from 'bullmq';
 import Redis from 'ioredis';
 
@@ -249,6 +249,18 @@ test('a processor that fails once and then succeeds: completed, its work done on
   const job = await h.settled(await h.add({ orderId: 'flaky' }, { attempts: 3, backoff: 50 }));
   expect([job.returnvalue, job.attemptsMade, calls, effects]).toEqual(['ok', 2, 2, 1]); // attemptsMade counts the completing one
   expect(reasons(h.events)).toEqual(['retry:failed', 'ack:executed']);
+});
+
+test('steps: the retry after a failure replays the recorded step a without running it, then runs step b', async () => {
+  const { work, runs, seen } = resumingWork();
+  const h = await harness('steps', work, { store: newStore() });
+  const job = await h.settled(await h.add({ orderId: 'steps' }, { attempts: 3, backoff: 50 }));
+  expect([job.returnvalue, job.attemptsMade]).toEqual([{ a: { n: 1 } }, 2]);
+  expect(reasons(h.events)).toEqual(['retry:failed', 'ack:executed']);
+  expect(runs).toEqual({ deliveries: 2, a: 1, b: 1 });
+  // Both attempts got step a's one result, and the same derived key.
+  expect(seen.map((s) => s.a)).toEqual([{ n: 1 }, { n: 1 }]);
+  expect(seen[1]?.keyFor).toBe(seen[0]?.keyFor);
 });
 
 test('a permanent error fails the job without retries, and a duplicate fails too without running', async () => {

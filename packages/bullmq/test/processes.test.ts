@@ -155,22 +155,27 @@ test('sandboxed processor files: duplicates replay, an in-progress duplicate is 
   const sandboxWorkers = await Promise.all(
     [1, 2].map(() => spawnWorker({ ...env, SANDBOX: '1', CONCURRENCY: '2' })),
   );
-  const slow = await queue.add('charge', { key: 'slow', order: 1, sleepMs: 4000 });
+  const slow = await queue.add('charge', { key: 'slow', order: 1, holdUntil: 'release-slow' });
   await waitUntil(
     async () => (await redis.hget(`${prefix}attempts`, 'slow')) === '1',
     'the slow job to start',
   );
-  const slowDuplicate = await queue.add('charge', { key: 'slow', order: 1, sleepMs: 4000 });
+  const slowDuplicate = await queue.add('charge', { key: 'slow', order: 1, holdUntil: 'release-slow' });
   const refused = await queue.add('charge', { key: 'refused', order: 2, permanent: true }, { attempts: 3 });
   const plain = await queue.add('charge', { key: 'plain', order: 3 });
 
-  // A sandbox child takes a while to start (tsx here), so the first job runs for 4s: long enough for the duplicate
-  // to find its key in progress and be moved back to delayed.
+  // A sandbox child takes a while to start (tsx here), longer still on a loaded machine: the first job runs until
+  // the duplicate has found its key in progress and been moved back to delayed, however long that takes.
   let seenDelayed = false;
-  await waitUntil(async () => {
-    seenDelayed ||= (await queue.getJobState(slowDuplicate.id as string)) === 'delayed';
-    return seenDelayed && Number(await redis.hget(`${prefix}settled`, 'delay:in-progress')) >= 1;
-  }, 'the duplicate to be delayed while the first runs');
+  await waitUntil(
+    async () => {
+      seenDelayed ||= (await queue.getJobState(slowDuplicate.id as string)) === 'delayed';
+      return seenDelayed && Number(await redis.hget(`${prefix}settled`, 'delay:in-progress')) >= 1;
+    },
+    'the duplicate to be delayed while the first runs',
+    60_000,
+  );
+  await redis.set(`${prefix}release-slow`, '1');
   await waitUntil(
     async () => (await queue.getJobCounts('completed')).completed === 3,
     'slow, its duplicate and plain to complete',

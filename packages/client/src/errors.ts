@@ -2,9 +2,12 @@ import { type AttemptOutcome, describeOutcome } from './outcome';
 
 /** A wrong option given to `idempotentFetch(options)`; `option` names it. */
 export class IdempotentFetchOptionsError extends TypeError {
+  /** Always `'IdempotentFetchOptionsError'`. */
   override name = 'IdempotentFetchOptionsError';
+  /** The option that is wrong, e.g. `'maxAttempts'`. */
   readonly option: string;
 
+  /** Builds the error for `option`; `message` says what is wrong and how to fix it. */
   constructor(option: string, message: string) {
     super(message);
     this.option = option;
@@ -16,6 +19,7 @@ export class IdempotentFetchOptionsError extends TypeError {
  * A `RangeError`, as it always was.
  */
 export class IdempotentFetchBodyTooLargeError extends RangeError {
+  /** Always `'IdempotentFetchBodyTooLargeError'`. */
   override name = 'IdempotentFetchBodyTooLargeError';
 }
 
@@ -34,17 +38,22 @@ export type GiveUpReason = 'max-attempts' | 'deadline' | 'not-retryable';
  * 422) is returned, not thrown.
  */
 export class IdempotentFetchError extends Error {
+  /** Always `'IdempotentFetchError'`. */
   override name = 'IdempotentFetchError';
+  /** Why the call gave up. */
   readonly reason: GiveUpReason;
   /** The key sent on every attempt; `undefined` when the request had none. */
   readonly key: string | undefined;
+  /** The request's method. */
   readonly method: string;
+  /** The request's URL. */
   readonly url: string;
   /** Every attempt's outcome, in order. */
   readonly attempts: readonly AttemptOutcome[];
   /** The last attempt's response when it had one (a retryable status); its body is unread, yours to read. */
   readonly response: Response | undefined;
 
+  /** Builds the error from what the call saw; the message lists every attempt's outcome. */
   constructor(details: {
     reason: GiveUpReason;
     key: string | undefined;

@@ -1,3 +1,9 @@
+/**
+ * A `fetch` that sends an `Idempotency-Key` and retries safely: the same key on every attempt, backoff with
+ * jitter, `Retry-After` honoured. Depends on nothing but the platform's `fetch`.
+ *
+ * @module @oncely/client
+ */
 export {
   type GiveUpReason,
   IdempotentFetchBodyTooLargeError,

@@ -5,7 +5,9 @@ import type { AttemptOutcome } from './outcome';
 export interface RetryEvent {
   /** The Idempotency-Key sent on every attempt of this call; `undefined` for a request sent without one (GET). */
   key: string | undefined;
+  /** The request's method. */
   method: string;
+  /** The request's URL. */
   url: string;
   /** The number of the attempt about to be made: 2 for the first retry. */
   attempt: number;

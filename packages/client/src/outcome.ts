@@ -1,24 +1,33 @@
 /** How one attempt ended. `durationMs` runs from sending the request to its response headers (or the failure). */
 export type AttemptOutcome =
   | {
+      /** The attempt's number: 1 for the first. */
       attempt: number;
+      /** A response arrived. */
       kind: 'response';
+      /** The response's status. */
       status: number;
       /** The response's `Retry-After` in milliseconds, as sent (before `maxRetryAfter`); undefined without one. */
       retryAfterMs: number | undefined;
+      /** From sending the request to its response headers, in milliseconds. */
       durationMs: number;
     }
   | {
+      /** The attempt's number: 1 for the first. */
       attempt: number;
       /** No response headers within `timeout` (or within what was left of `deadline`). */
       kind: 'timeout';
+      /** From sending the request until the attempt timed out, in milliseconds. */
       durationMs: number;
     }
   | {
+      /** The attempt's number: 1 for the first. */
       attempt: number;
       /** fetch rejected: refused, reset or dropped connection, DNS failure. The request may or may not have run. */
       kind: 'network-error';
+      /** What fetch rejected with. */
       error: unknown;
+      /** From sending the request until fetch rejected, in milliseconds. */
       durationMs: number;
     };
 

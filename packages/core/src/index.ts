@@ -1,5 +1,9 @@
-// What an app imports: the function wrapper, the engine, the in-memory store, the errors, and the types of the
-// options and hooks a user writes. What adapter, store and consumer-wrapper authors need is `@oncely/core/adapter`.
+/**
+ * What an app imports: the function wrapper, the engine, the in-memory store, the errors, and the types of the
+ * options and hooks a user writes. What adapter, store and consumer-wrapper authors need is `@oncely/core/adapter`.
+ *
+ * @module @oncely/core
+ */
 export {
   IdempotencyInProgressError,
   IdempotencyKeyError,
@@ -13,16 +17,25 @@ export { type IdempotentOutcome, idempotent, idempotentOutcome } from './consume
 export type { IdempotentOptions } from './consumer/idempotent-options';
 export type { Jsonified, JsonStorable, JsonValue } from './consumer/json';
 export type { ResultSerializer } from './consumer/result-codec';
-export { Idempotency, type IdempotencyContext } from './http/engine';
+export { Idempotency } from './http/engine';
 export type { IdempotencyOptions } from './http/options';
 export { PROBLEM_TYPES } from './http/problems';
 export { type ScopeByHeaderOptions, scopeByHeader } from './http/scope';
+export {
+  currentIdempotency,
+  type IdempotencyContext,
+  type StepResult,
+  type StepStorable,
+} from './shared/context';
 export { type Duration, type DurationUnit, parseDuration } from './shared/duration';
 export {
+  CommitOutcomeUnknownError,
   IdempotencyOptionsError,
   IdempotencySetupError,
   InvalidValueError,
   OncelyError,
+  StepError,
+  type StepErrorReason,
   StoreOperationError,
   ValueOutOfRangeError,
 } from './shared/errors';
@@ -37,6 +50,7 @@ export type {
   IdempotencyEvent,
   IdempotencyHooks,
   ReleaseEvent,
+  StepEvent,
   StoreErrorEvent,
   StoreOperation,
   StoreOperationEvent,

@@ -91,17 +91,24 @@ describe('options are checked once, at construction', () => {
 
 describe('lease renewal and fencing', () => {
   test('the lease is renewed while the handler runs, so a long handler is not taken over', async () => {
-    const store = new MemoryStore();
-    const engine = new Idempotency({ store, lockTimeout: 90 });
-    const execution = expectExecute(await engine.handle(input('long')));
-    await sleep(400); // more than four leases
-    const second = await engine.handle(input('long'));
-    expect(second.action).toBe('respond');
-    if (second.action === 'respond') expect(second.response.status).toBe(409);
-    await execution.complete(ok);
-    const replay = await engine.handle(input('long'));
-    expect(replay.action === 'respond' && replay.replayed).toBe(true);
-    await store.close();
+    // Fake timers move the store's clock and the renewal timer together: a loaded machine cannot stall the
+    // renewal past a lease. The store's answers still wait for real loop turns (setImmediate).
+    jest.useFakeTimers({ doNotFake: ['setImmediate', 'nextTick', 'queueMicrotask'] });
+    try {
+      const store = new MemoryStore();
+      const engine = new Idempotency({ store, lockTimeout: 90 });
+      const execution = expectExecute(await engine.handle(input('long')));
+      await jest.advanceTimersByTimeAsync(400); // more than four leases
+      const second = await engine.handle(input('long'));
+      expect(second.action).toBe('respond');
+      if (second.action === 'respond') expect(second.response.status).toBe(409);
+      await execution.complete(ok);
+      const replay = await engine.handle(input('long'));
+      expect(replay.action === 'respond' && replay.replayed).toBe(true);
+      await store.close();
+    } finally {
+      jest.useRealTimers();
+    }
   });
 
   test('renewal stops when the execution settles', async () => {
@@ -116,75 +123,93 @@ describe('lease renewal and fencing', () => {
         return store.renew(k, t, ms);
       },
     };
-    const engine = new Idempotency({ store: counting, lockTimeout: 60 });
-    const execution = expectExecute(await engine.handle(input('renewals')));
-    await sleep(150);
-    await execution.complete(ok);
-    const after = renewals;
-    expect(after).toBeGreaterThanOrEqual(2);
-    await sleep(150);
-    expect(renewals).toBe(after);
-    await store.close();
+    // Fake timers: the renewals due in 150 ms all run, however late a loaded machine would have fired them.
+    jest.useFakeTimers({ doNotFake: ['setImmediate', 'nextTick', 'queueMicrotask'] });
+    try {
+      const engine = new Idempotency({ store: counting, lockTimeout: 60 });
+      const execution = expectExecute(await engine.handle(input('renewals')));
+      await jest.advanceTimersByTimeAsync(150);
+      await execution.complete(ok);
+      const after = renewals;
+      expect(after).toBeGreaterThanOrEqual(2);
+      await jest.advanceTimersByTimeAsync(150);
+      expect(renewals).toBe(after);
+      await store.close();
+    } finally {
+      jest.useRealTimers();
+    }
   });
 
   test('an owner whose lease was taken over is fenced: its completion is refused and reported', async () => {
-    const store = new MemoryStore();
-    const fenced: string[] = [];
-    // A store that never renews, as if the owner were stalled past its lease.
-    const stalled: IdempotencyStore = {
-      acquire: (k, o) => store.acquire(k, o),
-      complete: (k, t, r, ttl) => store.complete(k, t, r, ttl),
-      release: (k, t) => store.release(k, t),
-      renew: async () => true,
-    };
-    const warnings: string[] = [];
-    const logger = {
-      debug() {},
-      info() {},
-      error() {},
-      warn: (_o: object, msg?: string) => void warnings.push(msg ?? ''),
-    };
-    const engine = new Idempotency({
-      store: stalled,
-      lockTimeout: 50,
-      logger,
-      hooks: { onFenced: (e) => fenced.push(e.operation) },
-    });
-    const first = expectExecute(await engine.handle(input('fenced')));
-    await sleep(150);
-    const second = expectExecute(await engine.handle(input('fenced')));
-    await first.complete({ ...ok, body: Buffer.from('stale') });
-    expect(fenced).toEqual(['complete']);
-    expect(warnings.some((w) => /lost its lease/.test(w))).toBe(true);
-    await second.complete({ ...ok, body: Buffer.from('fresh') });
-    const replay = await engine.handle(input('fenced'));
-    if (replay.action !== 'respond') throw new Error('expected a replay');
-    expect(Buffer.from(replay.response.body).toString()).toBe('fresh');
-    await store.close();
+    // Fake timers: the lease runs out when told, whatever the load, and nothing else moves meanwhile.
+    jest.useFakeTimers({ doNotFake: ['setImmediate', 'nextTick', 'queueMicrotask'] });
+    try {
+      const store = new MemoryStore();
+      const fenced: string[] = [];
+      // A store that never renews, as if the owner were stalled past its lease.
+      const stalled: IdempotencyStore = {
+        acquire: (k, o) => store.acquire(k, o),
+        complete: (k, t, r, ttl) => store.complete(k, t, r, ttl),
+        release: (k, t) => store.release(k, t),
+        renew: async () => true,
+      };
+      const warnings: string[] = [];
+      const logger = {
+        debug() {},
+        info() {},
+        error() {},
+        warn: (_o: object, msg?: string) => void warnings.push(msg ?? ''),
+      };
+      const engine = new Idempotency({
+        store: stalled,
+        lockTimeout: 50,
+        logger,
+        hooks: { onFenced: (e) => fenced.push(e.operation) },
+      });
+      const first = expectExecute(await engine.handle(input('fenced')));
+      await jest.advanceTimersByTimeAsync(150);
+      const second = expectExecute(await engine.handle(input('fenced')));
+      await first.complete({ ...ok, body: Buffer.from('stale') });
+      expect(fenced).toEqual(['complete']);
+      expect(warnings.some((w) => /lost its lease/.test(w))).toBe(true);
+      await second.complete({ ...ok, body: Buffer.from('fresh') });
+      const replay = await engine.handle(input('fenced'));
+      if (replay.action !== 'respond') throw new Error('expected a replay');
+      expect(Buffer.from(replay.response.body).toString()).toBe('fresh');
+      await store.close();
+    } finally {
+      jest.useRealTimers();
+    }
   });
 
   test('a failed renewal does not end the execution; a later one may succeed', async () => {
-    const store = new MemoryStore();
-    let calls = 0;
-    const flaky: IdempotencyStore = {
-      acquire: (k, o) => store.acquire(k, o),
-      complete: (k, t, r, ttl) => store.complete(k, t, r, ttl),
-      release: (k, t) => store.release(k, t),
-      renew: (k, t, ms) => (++calls === 1 ? Promise.reject(new Error('timeout')) : store.renew(k, t, ms)),
-    };
-    const errors: string[] = [];
-    const engine = new Idempotency({
-      store: flaky,
-      lockTimeout: 150,
-      hooks: { onStoreError: (e) => errors.push(e.operation) },
-    });
-    const execution = expectExecute(await engine.handle(input('flaky')));
-    await sleep(400);
-    expect(errors).toEqual(['renew']);
-    expect(calls).toBeGreaterThanOrEqual(2);
-    expect((await engine.handle(input('flaky'))).action).toBe('respond');
-    await execution.complete(ok);
-    await store.close();
+    // Fake timers: a loaded machine cannot delay the second renewal past the 150 ms lease.
+    jest.useFakeTimers({ doNotFake: ['setImmediate', 'nextTick', 'queueMicrotask'] });
+    try {
+      const store = new MemoryStore();
+      let calls = 0;
+      const flaky: IdempotencyStore = {
+        acquire: (k, o) => store.acquire(k, o),
+        complete: (k, t, r, ttl) => store.complete(k, t, r, ttl),
+        release: (k, t) => store.release(k, t),
+        renew: (k, t, ms) => (++calls === 1 ? Promise.reject(new Error('timeout')) : store.renew(k, t, ms)),
+      };
+      const errors: string[] = [];
+      const engine = new Idempotency({
+        store: flaky,
+        lockTimeout: 150,
+        hooks: { onStoreError: (e) => errors.push(e.operation) },
+      });
+      const execution = expectExecute(await engine.handle(input('flaky')));
+      await jest.advanceTimersByTimeAsync(400);
+      expect(errors).toEqual(['renew']);
+      expect(calls).toBeGreaterThanOrEqual(2);
+      expect((await engine.handle(input('flaky'))).action).toBe('respond');
+      await execution.complete(ok);
+      await store.close();
+    } finally {
+      jest.useRealTimers();
+    }
   });
 });
 

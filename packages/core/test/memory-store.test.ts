@@ -52,56 +52,123 @@ describe('MemoryStore specifics', () => {
   });
 
   test('the sweep frees expired records without being asked', async () => {
-    const store = new MemoryStore({ sweepInterval: 20 });
-    for (let i = 0; i < 50; i++) {
-      const r = await store.acquire(`k${i}`, lock);
-      if (r.status === 'acquired') await store.complete(`k${i}`, r.token, response, 150);
+    // Fake clock and timers: the store's monotonic clock (performance.now) and its sweep interval move only when
+    // told, so a loaded machine cannot let the ttl run out before the count. Its answers still wait for real
+    // loop turns (setImmediate).
+    jest.useFakeTimers({ doNotFake: ['setImmediate', 'nextTick', 'queueMicrotask'] });
+    try {
+      const store = new MemoryStore({ sweepInterval: 20 });
+      for (let i = 0; i < 50; i++) {
+        const r = await store.acquire(`k${i}`, lock);
+        if (r.status === 'acquired') await store.complete(`k${i}`, r.token, response, 150);
+      }
+      await store.acquire('lease', { fingerprint: 'f', lockTimeoutMs: 150 });
+      await jest.advanceTimersByTimeAsync(140);
+      expect(store.size).toBe(51);
+      // Past the ttl and the lease, a few sweeps later: freed, with no call on the store.
+      await jest.advanceTimersByTimeAsync(60);
+      expect(store.size).toBe(0);
+      await store.close();
+    } finally {
+      jest.useRealTimers();
     }
-    await store.acquire('lease', { fingerprint: 'f', lockTimeoutMs: 150 });
-    // Each answer waits for a loop turn (setImmediate): 150 ms, so that no sweep frees a record before this count.
-    expect(store.size).toBe(51);
-    await new Promise((resolve) => setTimeout(resolve, 400));
-    expect(store.size).toBe(0);
-    await store.close();
   });
 
   test('the sweep frees only what expired: mixed ttls, renewed leases, keys reused after eviction', async () => {
-    const store = new MemoryStore({ sweepInterval: 10, maxEntries: 4 });
-    const completeWith = async (key: string, ttl: number) => {
-      const r = await store.acquire(key, lock);
-      if (r.status !== 'acquired') throw new Error(`${key}: ${r.status}`);
-      expect(await store.complete(key, r.token, response, ttl)).toBe(true);
-    };
-    // 'reused' expires soon, is evicted by four others, then comes back with a long ttl: the stale heap item
-    // of its first life must not free the second.
-    await completeWith('reused', 40);
-    for (const k of ['e1', 'e2', 'e3', 'e4']) await completeWith(k, 60_000);
-    expect(await store.get('reused')).toBeUndefined();
-    await completeWith('reused', 60_000);
-    // ttls out of order: the heap, not arrival order, decides.
-    const many = new MemoryStore({ sweepInterval: 10 });
-    const ttls = [60_000, 30, 60_000, 20, 60_000, 40];
-    for (const [i, ttl] of ttls.entries()) {
-      const r = await many.acquire(`t${i}`, lock);
-      if (r.status === 'acquired') await many.complete(`t${i}`, r.token, response, ttl);
+    // Fake clock and timers, as above: leases, ttls and sweeps move only when told, so a loaded machine cannot lapse
+    // a renewed lease between two renewals.
+    jest.useFakeTimers({ doNotFake: ['setImmediate', 'nextTick', 'queueMicrotask'] });
+    try {
+      const store = new MemoryStore({ sweepInterval: 10, maxEntries: 4 });
+      const completeWith = async (key: string, ttl: number) => {
+        const r = await store.acquire(key, lock);
+        if (r.status !== 'acquired') throw new Error(`${key}: ${r.status}`);
+        expect(await store.complete(key, r.token, response, ttl)).toBe(true);
+      };
+      // 'reused' expires soon, is evicted by four others, then comes back with a long ttl: the stale heap item
+      // of its first life must not free the second.
+      await completeWith('reused', 40);
+      for (const k of ['e1', 'e2', 'e3', 'e4']) await completeWith(k, 60_000);
+      expect(await store.get('reused')).toBeUndefined();
+      await completeWith('reused', 60_000);
+      // ttls out of order: the heap, not arrival order, decides.
+      const many = new MemoryStore({ sweepInterval: 10 });
+      const ttls = [60_000, 30, 60_000, 20, 60_000, 40];
+      for (const [i, ttl] of ttls.entries()) {
+        const r = await many.acquire(`t${i}`, lock);
+        if (r.status === 'acquired') await many.complete(`t${i}`, r.token, response, ttl);
+      }
+      // A lease kept alive by renewals outlives its first lockTimeout; an abandoned one is freed.
+      const kept = await many.acquire('kept', { fingerprint: 'f', lockTimeoutMs: 60 });
+      await many.acquire('abandoned', { fingerprint: 'f', lockTimeoutMs: 60 });
+      if (kept.status !== 'acquired') throw new Error('kept');
+      for (let i = 0; i < 6; i++) {
+        await jest.advanceTimersByTimeAsync(25);
+        expect(await many.renew('kept', kept.token, 60)).toBe(true);
+      }
+      expect(many.size).toBe(4); // t0, t2, t4 and the renewed lease
+      for (const i of [0, 2, 4]) expect((await many.get(`t${i}`))?.state).toBe('completed');
+      expect((await many.get('kept'))?.state).toBe('in_progress');
+      expect(await many.get('abandoned')).toBeUndefined();
+      await jest.advanceTimersByTimeAsync(60);
+      expect((await store.get('reused'))?.state).toBe('completed');
+      expect(store.size).toBe(4);
+      await store.close();
+      await many.close();
+    } finally {
+      jest.useRealTimers();
     }
-    // A lease kept alive by renewals outlives its first lockTimeout; an abandoned one is freed.
-    const kept = await many.acquire('kept', { fingerprint: 'f', lockTimeoutMs: 60 });
-    await many.acquire('abandoned', { fingerprint: 'f', lockTimeoutMs: 60 });
-    if (kept.status !== 'acquired') throw new Error('kept');
-    for (let i = 0; i < 6; i++) {
-      await new Promise((resolve) => setTimeout(resolve, 25));
-      expect(await many.renew('kept', kept.token, 60)).toBe(true);
+  });
+
+  test('the sweep keeps records with steps, released or whose lease ran out, until ttlMs after their latest step', async () => {
+    // Fake clock and timers, as above: a loaded machine cannot run past the steps' 400 ms before the first count.
+    jest.useFakeTimers({ doNotFake: ['setImmediate', 'nextTick', 'queueMicrotask'] });
+    try {
+      const store = new MemoryStore({ sweepInterval: 10 });
+      const withStep = async (key: string, lockTimeoutMs: number) => {
+        const r = await store.acquire(key, { fingerprint: 'f', lockTimeoutMs });
+        if (r.status !== 'acquired') throw new Error(`${key}: ${r.status}`);
+        expect(await store.recordStep(key, r.token, 'a', '"A"', 400)).toBe(true);
+        return r.token;
+      };
+      expect(await store.release('released', await withStep('released', 30_000))).toBe(true);
+      await withStep('lapsed', 30);
+      // A record without steps is still removed by its release, and by the sweep once its lease ran out.
+      const plain = await store.acquire('plain', lock);
+      if (plain.status === 'acquired') expect(await store.release('plain', plain.token)).toBe(true);
+      await store.acquire('plain-lapsed', { fingerprint: 'f', lockTimeoutMs: 30 });
+      await jest.advanceTimersByTimeAsync(150);
+      // Many sweeps ran since the lease ran out: both records with steps are still there, and nothing else.
+      expect(store.size).toBe(2);
+      for (const key of ['released', 'lapsed']) {
+        expect(await store.get(key)).toMatchObject({ state: 'released', steps: { a: '"A"' } });
+      }
+      const resumed = await store.acquire('lapsed', lock);
+      expect(resumed).toMatchObject({ status: 'acquired', steps: { a: '"A"' }, fingerprint: 'f' });
+      if (resumed.status === 'acquired') expect(await store.release('lapsed', resumed.token)).toBe(true);
+      await jest.advanceTimersByTimeAsync(400);
+      expect(store.size).toBe(0);
+      await store.close();
+    } finally {
+      jest.useRealTimers();
     }
-    expect(many.size).toBe(4); // t0, t2, t4 and the renewed lease
-    for (const i of [0, 2, 4]) expect((await many.get(`t${i}`))?.state).toBe('completed');
-    expect((await many.get('kept'))?.state).toBe('in_progress');
-    expect(await many.get('abandoned')).toBeUndefined();
-    await new Promise((resolve) => setTimeout(resolve, 60));
-    expect((await store.get('reused'))?.state).toBe('completed');
-    expect(store.size).toBe(4);
+  });
+
+  test('maxEntries bounds completed records only: released records with steps are neither counted nor evicted', async () => {
+    const store = new MemoryStore({ maxEntries: 2 });
+    const r = await store.acquire('resumable', lock);
+    if (r.status !== 'acquired') throw new Error('expected a new key');
+    expect(await store.recordStep('resumable', r.token, 'a', '"A"', 60_000)).toBe(true);
+    expect(await store.release('resumable', r.token)).toBe(true);
+    for (let i = 0; i < 5; i++) {
+      const c = await store.acquire(`c${i}`, lock);
+      if (c.status === 'acquired') await store.complete(`c${i}`, c.token, response, 60_000);
+    }
+    expect(store.size).toBe(3); // the two most recent completed records and the released one
+    expect((await store.acquire('c4', lock)).status).toBe('completed');
+    expect((await store.acquire('c3', lock)).status).toBe('completed');
+    expect(await store.acquire('resumable', lock)).toMatchObject({ status: 'acquired', steps: { a: '"A"' } });
     await store.close();
-    await many.close();
   });
 
   test('a record does not keep alive the Buffer pool its body was sliced from', async () => {

@@ -1,7 +1,9 @@
 // Type tests: this file is not run, only compiled (`npm run typecheck` includes test/). Each `@ts-expect-error`
 // fails the type check when the line under it compiles, so every mistake listed here must stay a compile error.
 import {
+  currentIdempotency,
   type Duration,
+  type IdempotencyContext,
   type IdempotentOptions,
   idempotent,
   idempotentOutcome,
@@ -207,4 +209,38 @@ export function aDurationIsWhatParseDurationReads(): void {
   // @ts-expect-error not finite
   const infinite: Duration = 'Infinityms';
   void infinite;
+}
+
+export async function aStepResolvesToWhatJsonGivesBackAndNothingForNothing(
+  ctx: IdempotencyContext,
+): Promise<void> {
+  const send = async (): Promise<void> => undefined;
+  const emailed = await ctx.step('email', async () => {
+    await send();
+  });
+  same<typeof emailed, undefined>(true);
+  const nothing = await ctx.step('sync', () => undefined);
+  same<typeof nothing, undefined>(true);
+  const charge = await ctx.step('charge', async () => ({ id: 'ch_1', at: new Date() }));
+  same<typeof charge, { id: string; at: string }>(true);
+  const maybe = await ctx.step('maybe', async () => (Math.random() > 0.5 ? String(1) : undefined));
+  same<typeof maybe, string | undefined>(true);
+  const count = await ctx.step('count', () => 3);
+  same<typeof count, number>(true);
+  const order = await ctx.step('order', async () => ({}) as Order);
+  same<typeof order, Jsonified<Order>>(true);
+  // @ts-expect-error a Map has no JSON form
+  await ctx.step('map', async () => new Map<string, number>());
+  // @ts-expect-error a BigInt has no JSON form
+  await ctx.step('big', () => 1n);
+  // @ts-expect-error a BigInt property neither
+  await ctx.step('nested', async () => ({ amount: 1n }));
+  // @ts-expect-error a symbol has no JSON form
+  await ctx.step('symbol', () => Symbol('s'));
+  const current = currentIdempotency();
+  if (current !== undefined) {
+    const id = await current.step('id', () => 'x');
+    same<typeof id, string>(true);
+    same<ReturnType<typeof current.keyFor>, string>(true);
+  }
 }

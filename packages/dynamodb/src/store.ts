@@ -13,7 +13,7 @@ import {
   UpdateTimeToLiveCommand,
   type WriteRequest,
 } from '@aws-sdk/client-dynamodb';
-import type { AcquireResult, IdempotencyStore, StoredResponse } from '@oncely/core';
+import type { AcquiredResult, AcquireResult, IdempotencyStore, StoredResponse } from '@oncely/core';
 import {
   IdempotencyOptionsError,
   IdempotencySetupError,
@@ -32,11 +32,15 @@ import {
   type ParsedRecord,
   parseItem,
   RESERVED_ATTRIBUTES,
+  recordOf,
   s,
   seconds,
   split,
+  stateAt,
 } from './items';
+import { chunkKeyOf, DEFAULT_PARTITION_KEY, DEFAULT_PREFIX, DEFAULT_TTL_ATTRIBUTE } from './records';
 
+/** Options of {@link DynamoDBStore}: the client, the table and its attribute names, and how large bodies are kept. */
 export interface DynamoDBStoreOptions {
   /**
    * A low-level `DynamoDBClient` from `@aws-sdk/client-dynamodb` (v3.363 or later), yours to configure and
@@ -107,15 +111,29 @@ function isItemTooLarge(error: unknown): boolean {
   return error instanceof Error && error.name === 'ValidationException' && /item size/i.test(error.message);
 }
 
+/** A new record's empty steps map: recordStep sets one entry of it (`steps.#name`), which needs the map. */
+const NO_STEPS = { M: {} };
+/** A record over: past its lease or TTL end and, if it carries steps, past their keep-until. */
+/** The token owns a live lease. */
+const OWNED = '#token = :token AND #state = :inProgress AND #lock > :now';
+const DEAD = '(#expires <= :now AND (attribute_not_exists(#keep) OR #keep <= :now))';
+
+/** `acquired`, with the steps and kept fingerprint of a resumed record (as written: the acquire's new item). */
+function acquired(token: string, record: ParsedRecord | undefined): AcquiredResult {
+  if (record?.steps === undefined) return { status: 'acquired', token };
+  return { status: 'acquired', token, steps: record.steps, fingerprint: record.fingerprint };
+}
+
 function toBuffer(body: Uint8Array): Buffer {
   return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
 }
 
 /**
- * A store in one DynamoDB table. Each step is one conditional write: `acquire` a `PutItem` that succeeds only if
- * the key is free or its record is dead (lease over, or TTL over), `complete` / `renew` an `UpdateItem` and
- * `release` a `DeleteItem` that succeed only while the caller's token owns a live lease. A duplicate learns the
- * record from the same failed write (`ReturnValuesOnConditionCheckFailure: 'ALL_OLD'`), so a replay is one request.
+ * A store in one DynamoDB table. Each operation is one conditional write: `acquire` an `UpdateItem` that succeeds
+ * only if the key is free, its record is dead (lease over, or TTL over) or released (one with steps it resumes),
+ * and `complete` / `renew` / `release` / `recordStep` `UpdateItem`s that succeed only while the caller's token owns a
+ * live lease. A duplicate learns the record from the same failed write (`ReturnValuesOnConditionCheckFailure:
+ * 'ALL_OLD'`), so a replay is one request.
  * Times are the application's clock: see docs/stores/dynamodb.md on clock skew.
  */
 export class DynamoDBStore implements IdempotencyStore {
@@ -126,6 +144,10 @@ export class DynamoDBStore implements IdempotencyStore {
   readonly #ttl: string;
   readonly #largeBodies: LargeBodies;
 
+  /**
+   * Makes a store on `options.client`, which stays yours to destroy. `createTable()` makes its table if you have
+   * none. Throws `IdempotencyOptionsError` when an option is missing or wrong.
+   */
   constructor(options: DynamoDBStoreOptions) {
     if (options === null || typeof options !== 'object') {
       throw new IdempotencyOptionsError(
@@ -147,12 +169,12 @@ export class DynamoDBStore implements IdempotencyStore {
         `is required and must be a DynamoDB table name (3-255 of A-Z a-z 0-9 _ . -); got ${JSON.stringify(options.tableName)}.`,
       );
     }
-    const prefix = options.prefix ?? 'oncely:';
+    const prefix = options.prefix ?? DEFAULT_PREFIX;
     if (typeof prefix !== 'string' || Buffer.byteLength(prefix) > 1024) {
       fail('prefix', 'must be a string of at most 1024 bytes.');
     }
-    const partitionKey = attributeName('partitionKey', options.partitionKey, 'pk');
-    const ttlAttribute = attributeName('ttlAttribute', options.ttlAttribute, 'ttl');
+    const partitionKey = attributeName('partitionKey', options.partitionKey, DEFAULT_PARTITION_KEY);
+    const ttlAttribute = attributeName('ttlAttribute', options.ttlAttribute, DEFAULT_TTL_ATTRIBUTE);
     if (ttlAttribute === partitionKey) fail('ttlAttribute', 'must differ from "partitionKey".');
     const largeBodies = options.largeBodies ?? 'chunk';
     if (largeBodies !== 'chunk' && largeBodies !== 'omit') {
@@ -234,49 +256,106 @@ export class DynamoDBStore implements IdempotencyStore {
   async acquire(key: string, { fingerprint, lockTimeoutMs }: AcquireOptions): Promise<AcquireResult> {
     const pk = this.#key(key);
     const token = randomUUID();
+    // The usual write is an UpdateItem, which takes a free key and resumes a released record alike; a dead record
+    // that still carries steps must lose them, which only a PutItem (replacing the item) can do.
+    let replace = false;
     // A record read after a failed write can end before we look at it (fallback read, or a chunk gone): try again.
     for (let attempt = 0; attempt < 10; attempt++) {
       const now = Date.now();
       const lease = now + lockTimeoutMs;
       let old: Item | undefined;
       try {
-        await this.#client.send(
-          new PutItemCommand({
+        if (replace) {
+          await this.#client.send(
+            new PutItemCommand({
+              TableName: this.#table,
+              Item: {
+                [this.#pk]: s(pk),
+                [ATTR.state]: s('in_progress'),
+                [ATTR.fingerprint]: s(fingerprint),
+                [ATTR.token]: s(token),
+                [ATTR.lockExpiresAt]: n(lease),
+                [ATTR.expiresAt]: n(lease),
+                [this.#ttl]: seconds(lease),
+                [ATTR.steps]: NO_STEPS,
+              },
+              ConditionExpression: `attribute_not_exists(#pk) OR ${DEAD}`,
+              ExpressionAttributeNames: {
+                '#pk': this.#pk,
+                '#expires': ATTR.expiresAt,
+                '#keep': ATTR.stepsUntil,
+              },
+              ExpressionAttributeValues: { ':now': n(now) },
+              ReturnValuesOnConditionCheckFailure: 'ALL_OLD',
+            }),
+          );
+          return { status: 'acquired', token };
+        }
+        const { Attributes } = await this.#client.send(
+          new UpdateItemCommand({
             TableName: this.#table,
-            Item: {
-              [this.#pk]: s(pk),
-              [ATTR.state]: s('in_progress'),
-              [ATTR.fingerprint]: s(fingerprint),
-              [ATTR.token]: s(token),
-              [ATTR.lockExpiresAt]: n(lease),
-              [ATTR.expiresAt]: n(lease),
-              [this.#ttl]: seconds(lease),
-            },
-            // Free, or dead: a lease that ran out, or any record past its end (TTL deletion is lazy, up to days).
+            Key: { [this.#pk]: s(pk) },
+            // A resumed record keeps its steps' fingerprint, steps and stepsUntil; a fresh one never had them. The
+            // TTL attribute covers the lease and, with steps, their keep-until (at most stepsTtl after now).
+            UpdateExpression:
+              'SET #state = :inProgress, #token = :token, #fingerprint = if_not_exists(#stepsFingerprint, :fingerprint), ' +
+              '#lock = :lease, #expires = :lease, #ttl = :leaseSeconds + if_not_exists(#stepsTtl, :zero), ' +
+              '#steps = if_not_exists(#steps, :noSteps) ' +
+              'REMOVE #status, #headers, #body, #chunks, #chunkId, #bytes, #completion',
+            // Free: no item; without steps, a released record, one past its end or a lease that ran out; with
+            // steps, a record nobody holds (released or lease over) not yet over. `released` is free whatever
+            // this server's clock says: the releaser's clock, which set its times, may run ahead of ours.
             ConditionExpression:
-              'attribute_not_exists(#pk) OR (#state = :inProgress AND #lock <= :now) OR #expires <= :now',
+              'attribute_not_exists(#pk) OR (attribute_not_exists(#keep) AND (#state = :released OR ' +
+              '#expires <= :now OR (#state = :inProgress AND #lock <= :now))) OR (attribute_exists(#keep) AND ' +
+              '(#keep > :now OR #expires > :now) AND (#state = :released OR #lock <= :now))',
             ExpressionAttributeNames: {
               '#pk': this.#pk,
               '#state': ATTR.state,
+              '#token': ATTR.token,
+              '#fingerprint': ATTR.fingerprint,
+              '#stepsFingerprint': ATTR.stepsFingerprint,
               '#lock': ATTR.lockExpiresAt,
               '#expires': ATTR.expiresAt,
+              '#ttl': this.#ttl,
+              '#stepsTtl': ATTR.stepsTtl,
+              '#steps': ATTR.steps,
+              '#keep': ATTR.stepsUntil,
+              '#status': ATTR.status,
+              '#headers': ATTR.headers,
+              '#body': ATTR.body,
+              '#chunks': ATTR.chunks,
+              '#chunkId': ATTR.chunkId,
+              '#bytes': ATTR.bodyBytes,
+              '#completion': ATTR.completion,
             },
-            ExpressionAttributeValues: { ':inProgress': s('in_progress'), ':now': n(now) },
+            ExpressionAttributeValues: {
+              ':inProgress': s('in_progress'),
+              ':released': s('released'),
+              ':token': s(token),
+              ':fingerprint': s(fingerprint),
+              ':lease': n(lease),
+              ':leaseSeconds': seconds(lease),
+              ':zero': n(0),
+              ':noSteps': NO_STEPS,
+              ':now': n(now),
+            },
+            ReturnValues: 'ALL_NEW',
             ReturnValuesOnConditionCheckFailure: 'ALL_OLD',
           }),
         );
-        return { status: 'acquired', token };
+        return acquired(token, Attributes === undefined ? undefined : parseItem(Attributes, pk));
       } catch (error) {
         if (!isConditionFailure(error)) {
-          // The put may still have been applied (a timeout after DynamoDB got it): release our token behind it
+          // The write may still have been applied (a timeout after DynamoDB got it): release our token behind it
           // so the orphan lease does not block retries for lockTimeout. The token fences anyone else's record.
           this.release(key, token).catch(() => {});
           throw error;
         }
         old = error.Item;
       }
-      // The item as it was when the condition failed, so it was live at `now`. Without it (emulators without
-      // ReturnValuesOnConditionCheckFailure), a strongly consistent read, judged at the time of the read.
+      // The item as it was when the condition failed, so it was live at `now` (or dead with steps). Without it
+      // (emulators without ReturnValuesOnConditionCheckFailure), a strongly consistent read, judged at its time.
       let at = now;
       if (old === undefined) {
         old = await this.#read(pk);
@@ -284,10 +363,14 @@ export class DynamoDBStore implements IdempotencyStore {
         if (old === undefined) continue;
       }
       const record = parseItem(old, pk);
-      // Our own put, applied once already and retried by the SDK after a lost response: we hold the key.
-      if (record.token === token && record.state === 'in_progress') return { status: 'acquired', token };
-      if (record.expiresAt <= at) continue;
-      if (record.state === 'in_progress') {
+      // Our own write, applied once already and retried by the SDK after a lost response: we hold the key.
+      if (record.token === token && record.state === 'in_progress') return acquired(token, record);
+      const state = stateAt(record, at);
+      // The next write is the one that can take the record as judged (the UpdateItem's condition and `stateAt`
+      // agree): a PutItem only for a dead record with steps, so a retry never repeats a write that cannot succeed.
+      replace = state === undefined && record.stepsUntil !== undefined;
+      if (state === undefined || state === 'released') continue;
+      if (state === 'in_progress') {
         return {
           status: 'in_progress',
           fingerprint: record.fingerprint,
@@ -350,6 +433,10 @@ export class DynamoDBStore implements IdempotencyStore {
       '#status': ATTR.status,
       '#headers': ATTR.headers,
       '#completion': ATTR.completion,
+      '#steps': ATTR.steps,
+      '#keep': ATTR.stepsUntil,
+      '#stepsTtl': ATTR.stepsTtl,
+      '#stepsFingerprint': ATTR.stepsFingerprint,
     };
     const values: Item = {
       ':token': s(token),
@@ -406,8 +493,9 @@ export class DynamoDBStore implements IdempotencyStore {
         new UpdateItemCommand({
           TableName: this.#table,
           Key: { [this.#pk]: s(pk) },
-          UpdateExpression: `SET ${set.join(', ')} REMOVE #lock`,
-          ConditionExpression: '#token = :token AND #state = :inProgress AND #lock > :now',
+          // A completed record holds only its response: its steps go in the same write.
+          UpdateExpression: `SET ${set.join(', ')} REMOVE #lock, #steps, #keep, #stepsTtl, #stepsFingerprint`,
+          ConditionExpression: OWNED,
           ExpressionAttributeNames: names,
           ExpressionAttributeValues: values,
           ReturnValuesOnConditionCheckFailure: 'ALL_OLD',
@@ -425,22 +513,36 @@ export class DynamoDBStore implements IdempotencyStore {
     }
   }
 
+  /**
+   * Ends the lease in one conditional `UpdateItem`: the record is `released` with its lease end now, so a record
+   * without steps is over at once (DynamoDB's TTL deletion removes the item) and one with steps is kept until its
+   * `stepsUntil`, for the next acquire to resume.
+   */
   async release(key: string, token: string): Promise<boolean> {
+    const now = Date.now();
     try {
       await this.#client.send(
-        new DeleteItemCommand({
+        new UpdateItemCommand({
           TableName: this.#table,
           Key: { [this.#pk]: s(this.#key(key)) },
-          ConditionExpression: '#token = :token AND #state = :inProgress AND #lock > :now',
+          UpdateExpression:
+            'SET #state = :released, #lock = :now, #expires = :now, #ttl = :nowSeconds + if_not_exists(#stepsTtl, :zero)',
+          ConditionExpression: OWNED,
           ExpressionAttributeNames: {
             '#token': ATTR.token,
             '#state': ATTR.state,
             '#lock': ATTR.lockExpiresAt,
+            '#expires': ATTR.expiresAt,
+            '#ttl': this.#ttl,
+            '#stepsTtl': ATTR.stepsTtl,
           },
           ExpressionAttributeValues: {
             ':token': s(token),
             ':inProgress': s('in_progress'),
-            ':now': n(Date.now()),
+            ':released': s('released'),
+            ':now': n(now),
+            ':nowSeconds': seconds(now),
+            ':zero': n(0),
           },
         }),
       );
@@ -459,14 +561,17 @@ export class DynamoDBStore implements IdempotencyStore {
         new UpdateItemCommand({
           TableName: this.#table,
           Key: { [this.#pk]: s(this.#key(key)) },
-          UpdateExpression: 'SET #lock = :lease, #expires = :lease, #ttl = :ttl',
-          ConditionExpression: '#token = :token AND #state = :inProgress AND #lock > :now',
+          // With steps, the TTL attribute also covers their keep-until, which is at most stepsTtl after now.
+          UpdateExpression:
+            'SET #lock = :lease, #expires = :lease, #ttl = :ttl + if_not_exists(#stepsTtl, :zero)',
+          ConditionExpression: OWNED,
           ExpressionAttributeNames: {
             '#token': ATTR.token,
             '#state': ATTR.state,
             '#lock': ATTR.lockExpiresAt,
             '#expires': ATTR.expiresAt,
             '#ttl': this.#ttl,
+            '#stepsTtl': ATTR.stepsTtl,
           },
           ExpressionAttributeValues: {
             ':token': s(token),
@@ -474,6 +579,7 @@ export class DynamoDBStore implements IdempotencyStore {
             ':now': n(now),
             ':lease': n(lease),
             ':ttl': seconds(lease),
+            ':zero': n(0),
           },
         }),
       );
@@ -484,22 +590,94 @@ export class DynamoDBStore implements IdempotencyStore {
     }
   }
 
-  /** The live record under `key` (strongly consistent read); an item past its end counts as absent. */
+  /**
+   * One conditional `UpdateItem`: the step as one entry of the record's `steps` map (its name an expression
+   * attribute name, so any string is safe), `stepsUntil` moved to `ttlMs` from now, and the TTL attribute with
+   * it. The condition is that the token owns a live lease that ends no later than the new `stepsUntil` (so the TTL
+   * attribute can be set to it); a longer lease (a lockTimeout above the ttl) costs a second write.
+   */
+  async recordStep(key: string, token: string, name: string, value: string, ttlMs: number): Promise<boolean> {
+    const pk = this.#key(key);
+    let lease: number | undefined;
+    for (let attempt = 0; attempt < 10; attempt++) {
+      const now = Date.now();
+      const keep = now + ttlMs;
+      try {
+        await this.#client.send(
+          new UpdateItemCommand({
+            TableName: this.#table,
+            Key: { [this.#pk]: s(pk) },
+            UpdateExpression:
+              'SET #steps.#name = :value, #keep = :keep, #stepsTtl = :stepsTtl, ' +
+              '#stepsFingerprint = #fingerprint, #ttl = :ttl',
+            ConditionExpression: `${OWNED} AND ${lease === undefined ? '#lock <= :keep' : '#lock = :lease'}`,
+            ExpressionAttributeNames: {
+              '#token': ATTR.token,
+              '#state': ATTR.state,
+              '#lock': ATTR.lockExpiresAt,
+              '#steps': ATTR.steps,
+              '#name': name,
+              '#keep': ATTR.stepsUntil,
+              '#stepsTtl': ATTR.stepsTtl,
+              '#stepsFingerprint': ATTR.stepsFingerprint,
+              '#fingerprint': ATTR.fingerprint,
+              '#ttl': this.#ttl,
+            },
+            ExpressionAttributeValues: {
+              ':token': s(token),
+              ':inProgress': s('in_progress'),
+              ':now': n(now),
+              ':value': s(value),
+              ':keep': n(keep),
+              ':stepsTtl': n(Math.ceil(ttlMs / 1000)),
+              ':ttl': seconds(Math.max(keep, lease ?? 0)),
+              ...(lease === undefined ? {} : { ':lease': n(lease) }),
+            },
+            ReturnValuesOnConditionCheckFailure: 'ALL_OLD',
+          }),
+        );
+        return true;
+      } catch (error) {
+        if (isItemTooLarge(error)) {
+          throw new StoreOperationError(
+            `oncely/dynamodb: step ${JSON.stringify(name)} of key ${JSON.stringify(key)} does not fit in the record's DynamoDB item (400 KB for all its steps, key and attributes): nothing was recorded; return less from the step (store large results elsewhere and return a reference)`,
+            { cause: error },
+          );
+        }
+        if (!isConditionFailure(error)) throw error;
+        let old = error.Item;
+        let at = now;
+        if (old === undefined) {
+          old = await this.#read(pk);
+          at = Date.now();
+          if (old === undefined) return false;
+        }
+        const record = parseItem(old, pk);
+        if (record.token !== token || record.state !== 'in_progress' || record.lockExpiresAt <= at)
+          return false;
+        // Still ours: the lease ends after the new stepsUntil, or was renewed meanwhile. Cover that lease end.
+        lease = record.lockExpiresAt;
+      }
+    }
+    throw new StoreOperationError(
+      `oncely/dynamodb: recordStep for key ${JSON.stringify(key)} found no stable answer after 10 attempts`,
+    );
+  }
+
+  /**
+   * The live record under `key` (strongly consistent read); an item past its end counts as absent. A record that
+   * carries steps and that nobody holds is `released`.
+   */
   async get(key: string): Promise<IdempotencyRecord | undefined> {
     const pk = this.#key(key);
     for (let attempt = 0; attempt < 10; attempt++) {
       const item = await this.#read(pk);
       if (item === undefined) return undefined;
       const parsed = parseItem(item, pk);
-      if (parsed.expiresAt <= Date.now()) return undefined;
-      const record: IdempotencyRecord = {
-        state: parsed.state,
-        fingerprint: parsed.fingerprint,
-        token: parsed.token,
-        lockExpiresAt: parsed.lockExpiresAt,
-        expiresAt: parsed.expiresAt,
-      };
-      if (parsed.state === 'in_progress') return record;
+      const state = stateAt(parsed, Date.now());
+      if (state === undefined) return undefined;
+      const record = recordOf(parsed, state);
+      if (state !== 'completed') return record;
       const response = await this.#response(parsed);
       // A chunk vanished: the record was deleted or replaced meanwhile; read it again.
       if (response === undefined) continue;
@@ -523,7 +701,7 @@ export class DynamoDBStore implements IdempotencyStore {
     if (Attributes === undefined) return false;
     const record = parseItem(Attributes, this.#key(key));
     if (record.chunks !== undefined) await this.#deleteChunks(record.chunks.id, record.chunks.count);
-    return record.expiresAt > Date.now();
+    return stateAt(record, Date.now()) !== undefined;
   }
 
   #key(key: string): string {
@@ -536,12 +714,9 @@ export class DynamoDBStore implements IdempotencyStore {
     return pk;
   }
 
-  /**
-   * Chunk items live under `<prefix>chunk:<chunk id>:<n>`, the chunk id a random UUID per complete call: a record
-   * key can only meet one by guessing that UUID.
-   */
+  /** A chunk item's partition key (`chunkKeyOf`, shared with `@oncely/dynamodb/records`). */
   #chunkKey(id: string, index: number): string {
-    return `${this.#prefix}chunk:${id}:${index}`;
+    return chunkKeyOf(this.#prefix, id, index);
   }
 
   async #read(pk: string): Promise<Item | undefined> {

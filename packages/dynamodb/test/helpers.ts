@@ -3,6 +3,7 @@ import type { Server } from 'node:http';
 import { type AttributeValue, DynamoDBClient, ScanCommand } from '@aws-sdk/client-dynamodb';
 import { freePort } from '@oncely/testing';
 import dynalite from 'dynalite';
+import type { DynamoDBStore } from '../src';
 
 // The SDK warns once per process that its future releases need Node 22: noise in the test output (and in the app
 // processes of the multi-process test, which inherit this environment).
@@ -124,4 +125,58 @@ export function countCommands(client: DynamoDBClient): Map<string, number> {
     { step: 'initialize', name: 'oncelyCountCommands' },
   );
   return counts;
+}
+
+/**
+ * A release by a server whose clock is ahead, then acquires by one whose clock is 10 s behind: the released state,
+ * not the release time, makes the key free. `store` runs both servers; `Date.now` is the server's clock.
+ */
+export function releasedUnderClockSkew(store: () => DynamoDBStore): void {
+  const lease = (fingerprint: string) => ({ fingerprint, lockTimeoutMs: 30_000 });
+  const behind = () => {
+    const real = Date.now.bind(Date);
+    jest.spyOn(Date, 'now').mockImplementation(() => real() - 10_000);
+  };
+  describe('a record released by a server whose clock is ahead, acquired on one 10 s behind', () => {
+    afterEach(() => jest.restoreAllMocks());
+
+    test('without steps: absent to get, and of 20 concurrent acquires exactly one takes it', async () => {
+      const s = store();
+      const first = await s.acquire('skew-plain', lease('fp'));
+      if (first.status !== 'acquired') throw new Error(`expected acquired, got ${first.status}`);
+      expect(await s.release('skew-plain', first.token)).toBe(true);
+      behind();
+      expect(await s.get('skew-plain')).toBeUndefined();
+      const results = await Promise.all(
+        Array.from({ length: 20 }, () => s.acquire('skew-plain', lease('fp'))),
+      );
+      const taken = results.filter((r) => r.status === 'acquired');
+      expect(taken).toHaveLength(1);
+      expect(results.filter((r) => r.status === 'in_progress')).toHaveLength(19);
+      expect(taken[0]).not.toHaveProperty('steps');
+      expect(await s.renew('skew-plain', first.token, 30_000)).toBe(false);
+    });
+
+    test('with steps: get shows it released, and acquire resumes it with its steps and fingerprint', async () => {
+      const s = store();
+      const first = await s.acquire('skew-steps', lease('fp-1'));
+      if (first.status !== 'acquired') throw new Error(`expected acquired, got ${first.status}`);
+      expect(await s.recordStep('skew-steps', first.token, 'charge', '{"id":"ch_1"}', 60_000)).toBe(true);
+      expect(await s.release('skew-steps', first.token)).toBe(true);
+      behind();
+      expect(await s.get('skew-steps')).toMatchObject({
+        state: 'released',
+        steps: { charge: '{"id":"ch_1"}' },
+      });
+      const resumed = await s.acquire('skew-steps', lease('fp-2'));
+      expect(resumed).toMatchObject({
+        status: 'acquired',
+        steps: { charge: '{"id":"ch_1"}' },
+        fingerprint: 'fp-1',
+      });
+      if (resumed.status !== 'acquired') return;
+      expect(await s.recordStep('skew-steps', resumed.token, 'email', '', 60_000)).toBe(true);
+      expect((await s.get('skew-steps'))?.steps).toEqual({ charge: '{"id":"ch_1"}', email: '' });
+    });
+  });
 }

@@ -1,6 +1,12 @@
 import { storeContractSuite } from '@oncely/testing';
 import { DynamoDBStore } from '../src';
-import { countCommands, type LocalDynamoDB, randomTableName, startDynalite } from './helpers';
+import {
+  countCommands,
+  type LocalDynamoDB,
+  randomTableName,
+  releasedUnderClockSkew,
+  startDynalite,
+} from './helpers';
 
 // The shared store contract on plain dynalite, which returns no item when a condition fails: the store falls back
 // to a strongly consistent GetItem (as it would on any endpoint without ReturnValuesOnConditionCheckFailure).
@@ -27,6 +33,9 @@ describe('DynamoDBStore without ReturnValuesOnConditionCheckFailure', () => {
     expect(first.status).toBe('acquired');
     const during = await store.acquire('dup', { fingerprint: 'fp', lockTimeoutMs: 30_000 });
     expect(during).toMatchObject({ status: 'in_progress', fingerprint: 'fp' });
-    expect(Object.fromEntries(counts)).toEqual({ PutItemCommand: 2, GetItemCommand: 1 });
+    expect(Object.fromEntries(counts)).toEqual({ UpdateItemCommand: 2, GetItemCommand: 1 });
   });
 });
+
+// The same on the read fallback: the store judges the item it reads as the failed condition did.
+releasedUnderClockSkew(() => new DynamoDBStore({ client: local.client(), tableName }));

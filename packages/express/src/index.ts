@@ -1,3 +1,9 @@
+/**
+ * Idempotency-Key middleware for Express 4 and 5: `idempotency(options)` makes a retried request take effect
+ * once, replaying the first response to the retries.
+ *
+ * @module @oncely/express
+ */
 import {
   Idempotency,
   type IdempotencyContext,
@@ -83,13 +89,14 @@ export function idempotency(options: ExpressIdempotencyOptions = {}): RequestHan
         if (decision.action === 'respond') return send(res, decision.response);
         const { execution } = decision;
         execution.headersBeforeHandler(res.getHeaders());
-        const context: IdempotencyContext = { key: execution.clientKey, db: execution.db };
+        const context: IdempotencyContext = execution.context;
         toDictionaryMode(req);
         toDictionaryMode(res);
         req.idempotencyKey = execution.clientKey;
         req.idempotency = context;
         new Held(res as HeldResponse, new ResponseCapture(execution, res), context, registration);
-        next();
+        // Inside the execution's context, so that currentIdempotency() works anywhere in the handler.
+        execution.run(next);
       })
       .catch((error: unknown) => {
         // Express's own next(err) does not throw; this keeps the chain from ever ending in an unhandled rejection.
@@ -116,6 +123,10 @@ function errors(): ErrorRequestHandler {
     next(error);
   };
 }
+/**
+ * The error-handling middleware that shows oncely the errors handlers pass to `next(err)`: mount
+ * `app.use(idempotency.errors())` after the routes and before the app's own error handlers.
+ */
 idempotency.errors = errors;
 
 export default idempotency;

@@ -1,7 +1,7 @@
 import { createServer, IncomingMessage, OutgoingMessage, ServerResponse } from 'node:http';
 import { Readable } from 'node:stream';
-import { IdempotencyOptionsError, MemoryStore } from '@oncely/core';
-import { brokenStore, gatedStore, recordingLogger } from '@oncely/testing';
+import { IdempotencyOptionsError, type IdempotencyStore, MemoryStore } from '@oncely/core';
+import { brokenStore, gatedStore, recordingLogger, until } from '@oncely/testing';
 import compression from 'compression';
 import express from 'express';
 import express4 from 'express4';
@@ -10,6 +10,25 @@ import request from 'supertest';
 import idempotencyDefault, { idempotency, scopeByHeader } from '../src';
 
 // Node's own methods as this file found them: oncely must leave them as they are.
+/**
+ * `store`, and `settled()`: resolves once its acquire of `key` answered and the key is no longer in progress
+ * (released, completed or gone), that is once the middleware has done all it will with it; polled, bounded.
+ */
+function settling(store: IdempotencyStore, memory: MemoryStore, key: string) {
+  let acquired = false;
+  const wrapped: IdempotencyStore = {
+    ...store,
+    acquire: async (...args: Parameters<IdempotencyStore['acquire']>) => {
+      const result = await store.acquire(...args);
+      acquired = true;
+      return result;
+    },
+  };
+  const settled = () =>
+    until(async () => acquired && (await memory.get(key))?.state !== 'in_progress', 10_000);
+  return { store: wrapped, settled };
+}
+
 const pristine = {
   write: ServerResponse.prototype.write,
   end: ServerResponse.prototype.end,
@@ -692,45 +711,50 @@ describe.each(versions)('%s robustness', (_name, expressModule) => {
   });
 
   test('a client gone (socket destroyed) and answered while the store was asked: the handler does not run', async () => {
-    const { memory, slow, release } = gatedStore();
+    const { memory, slow, release, asked } = gatedStore();
     const app = expressModule();
+    // In this order, each step once the one before it happened: the store asked, the client gone, the request
+    // answered from elsewhere, the store's answer.
     app.use((req, res, next) => {
-      setTimeout(() => req.socket.destroy(), 30);
-      setTimeout(() => {
+      void asked.then(() => req.socket.destroy());
+      req.socket.once('close', () => {
         // On a destroyed socket this ends the response without sending headers: headersSent stays false.
         if (!res.headersSent) res.status(503).json({ error: 'timeout' });
         release();
-      }, 40);
+      });
       next();
     });
-    app.use(idempotency({ store: slow }));
+    const { store, settled } = settling(slow, memory, 'gone');
+    app.use(idempotency({ store }));
     let runs = 0;
     app.post('/gone', (_req, res) => void res.status(201).json({ run: ++runs }));
     await request(app)
       .post('/gone')
       .set('Idempotency-Key', 'gone')
       .catch(() => undefined);
-    await sleep(50);
+    await settled();
     expect(runs).toBe(0);
     expect(await memory.get('gone')).toBeUndefined();
   });
 
   test('a client gone (socket destroyed) while the store was asked, nothing answered: the handler does not run, the key is free', async () => {
-    const { memory, slow, release } = gatedStore();
+    const { memory, slow, release, asked } = gatedStore();
     const app = expressModule();
+    // The store answers only once the client it was asked for is gone.
     app.use((req, _res, next) => {
-      setTimeout(() => req.socket.destroy(), 30);
-      setTimeout(release, 60);
+      void asked.then(() => req.socket.destroy());
+      req.socket.once('close', release);
       next();
     });
-    app.use(idempotency({ store: slow, lockTimeout: 60_000 }));
+    const { store, settled } = settling(slow, memory, 'left');
+    app.use(idempotency({ store, lockTimeout: 60_000 }));
     let runs = 0;
     app.post('/left', (_req, res) => void res.status(201).json({ run: ++runs }));
     await request(app)
       .post('/left')
       .set('Idempotency-Key', 'left')
       .catch(() => undefined);
-    await sleep(100);
+    await settled();
     expect(runs).toBe(0);
     // Released, not held until the lease runs out (a retry would get 409 for a minute).
     expect(await memory.get('left')).toBeUndefined();

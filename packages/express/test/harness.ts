@@ -6,6 +6,7 @@ import {
   reusedBuffer,
   routeCounts,
   serveTestApp,
+  stepsRoute,
   type TestApp,
   type TestAppOptions,
 } from '@oncely/testing';
@@ -122,6 +123,12 @@ export function expressHarness(name: string, express: ExpressFactory): AdapterHa
       app.post('/reused', (_req, res) => {
         count('reused');
         res.type('application/octet-stream').send(reusedBuffer());
+      });
+      app.post('/steps', (req, res, next) => {
+        stepsRoute(req.idempotency, req.query, count).then(
+          (answer) => res.status(answer.status).json(answer.body),
+          next,
+        );
       });
       // Errors the app's error handler answers with a 4xx (/throw?status=400) release the key only when oncely sees
       // them, as docs/frameworks/express.md tells users.

@@ -1,3 +1,9 @@
+/**
+ * Idempotency-Key plugin for Fastify 5: register `idempotencyPlugin` and mark routes with `config.idempotency`, so a
+ * retried request takes effect once and its retries get the first response.
+ *
+ * @module @oncely/fastify
+ */
 import { PassThrough, Readable } from 'node:stream';
 import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import {
@@ -7,7 +13,7 @@ import {
   InvalidValueError,
   type StoredResponse,
 } from '@oncely/core';
-import { nestedEngine, registrationOf } from '@oncely/core/adapter';
+import { type Execution, nestedEngine, registrationOf } from '@oncely/core/adapter';
 import { ResponseCapture } from '@oncely/core/node';
 import type {
   FastifyInstance,
@@ -126,7 +132,29 @@ async function idempotencyPluginAsync(
     const claim: RouteClaim = { engine: layered, handling, hooks: undefined };
     claims.set(route, claim);
 
-    const preHandler: preHandlerHookHandler = async function oncelyPreHandler(request, reply) {
+    // Callback style, so that the rest of the route (later hooks, the handler) runs inside `execution.run()`:
+    // an async hook's continuation would be scheduled by Fastify, outside the context, and lose currentIdempotency().
+    const preHandler: preHandlerHookHandler = function oncelyPreHandler(request, reply, done) {
+      decide(request, reply).then(
+        (execution) => {
+          // Answered here (a replay, a problem): `done` is not called, as Fastify asks of a hook that replies,
+          // so nothing runs after it while the answer is still being sent.
+          if (execution === null) return;
+          if (execution === undefined) done();
+          else execution.run(done);
+        },
+        (error: Error) => done(error ?? new Error('the idempotency check failed')),
+      );
+    };
+
+    /**
+     * The preHandler's work: resolves to the execution the handler runs under, `undefined` when the route goes on
+     * without oncely, or `null` when oncely answered.
+     */
+    const decide = async (
+      request: FastifyRequest,
+      reply: FastifyReply,
+    ): Promise<Execution | undefined | null> => {
       const req = request as StatefulRequest;
       if (req[kState] !== null) return; // another oncely registration already holds this request
       const handler = handling(request.method);
@@ -150,11 +178,12 @@ async function idempotencyPluginAsync(
       }
       if (decision.action === 'respond') {
         req[kState] = { capture: undefined, error: undefined };
-        return send(reply, decision.response);
+        send(reply, decision.response);
+        return null;
       }
       decision.execution.headersBeforeHandler(reply.getHeaders());
       request.idempotencyKey = decision.execution.clientKey;
-      request.idempotency = { key: decision.execution.clientKey, db: decision.execution.db };
+      request.idempotency = decision.execution.context;
       const state: RequestState = {
         capture: new ResponseCapture(decision.execution, reply.raw),
         error: undefined,
@@ -164,6 +193,7 @@ async function idempotencyPluginAsync(
       // a streamed body): its end settles whatever is still unsettled, so no key stays locked.
       // \`on\`, not \`once\`: 'close' is emitted once, and \`once\` would wrap the listener in two more allocations.
       reply.raw.on('close', () => onResponseClose(state, reply));
+      return decision.execution;
     };
 
     const onSend: onSendHookHandler<unknown> = async function oncelyOnSend(request, reply, payload) {

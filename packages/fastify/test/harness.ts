@@ -5,6 +5,7 @@ import {
   pipeSource,
   reusedBuffer,
   routeCounts,
+  stepsRoute,
   type TestApp,
   type TestAppOptions,
 } from '@oncely/testing';
@@ -129,6 +130,10 @@ export const fastifyHarness: AdapterHarness & {
       count('reused');
       reply.type('application/octet-stream');
       return reply.send(reusedBuffer());
+    });
+    app.post('/steps', async (request, reply) => {
+      const answer = await stepsRoute(request.idempotency, request.query as Record<string, unknown>, count);
+      return reply.code(answer.status).send(answer.body);
     });
     await app.listen({ port: 0, host: '127.0.0.1' });
     const address = app.server.address();

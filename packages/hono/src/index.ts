@@ -1,3 +1,9 @@
+/**
+ * Idempotency-Key middleware for Hono, on any runtime Hono runs on: a retried request takes effect once and its
+ * retries get the first response.
+ *
+ * @module @oncely/hono
+ */
 import {
   scopeByHeader as headerScope,
   Idempotency,

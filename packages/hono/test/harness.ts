@@ -9,6 +9,7 @@ import {
   reusedBuffer,
   routeCounts,
   serveTestApp,
+  stepsRoute,
   type TestApp,
   type TestAppOptions,
   viewOptions,
@@ -101,6 +102,10 @@ export function honoHarness(name: string): AdapterHarness {
       app.post('/reused', (c) => {
         count('reused');
         return c.body(reusedBuffer(), 200, { 'content-type': 'application/octet-stream' });
+      });
+      app.post('/steps', async (c) => {
+        const answer = await stepsRoute(c.get('idempotency'), c.req.query(), count);
+        return c.json(answer.body, answer.status as ContentfulStatusCode);
       });
       app.onError((error, c) => {
         // /bad-status: a hand-written error handler that answers a status no HTTP response can have.

@@ -1,3 +1,8 @@
+/**
+ * Idempotency-Key middleware for Koa: a retried request takes effect once and its retries get the first response.
+ *
+ * @module @oncely/koa
+ */
 import { Readable } from 'node:stream';
 import {
   Idempotency,
@@ -84,13 +89,14 @@ export function idempotency(options: KoaIdempotencyOptions = {}): Middleware {
     const holder: Holder = { registration, refused: undefined };
     (ctx as HeldContext)[kHeld] = holder;
     ctx.state.idempotencyKey = execution.clientKey;
-    ctx.state.idempotency = { key: execution.clientKey, db: execution.db };
+    ctx.state.idempotency = execution.context;
     // Headers set before oncely ran (CORS, a request id) belong to the middlewares outside it, which set them
     // afresh on a replay: only what the inner ones set or change is stored.
     execution.headersBeforeHandler(ctx.res.getHeaders());
     const capture = new ResponseCapture(execution, ctx.res);
     try {
-      await next();
+      // Inside the execution's context: currentIdempotency() answers in every middleware after this one.
+      await execution.run(next);
       // A middleware nearer the route refused the request (its answer is in ctx): nothing of it is stored.
       if (holder.refused !== undefined) await capture.failed(holder.refused);
       else await captureBody(ctx, capture);

@@ -12,6 +12,7 @@ import {
   routeCounts,
   serveTestApp,
   sleep,
+  stepsRoute,
   type TestApp,
   type TestAppOptions,
   viewOptions,
@@ -134,6 +135,11 @@ export function koaHarness(name: string): AdapterHarness {
         count('reused');
         ctx.type = 'application/octet-stream';
         ctx.body = reusedBuffer();
+      });
+      router.post('/steps', async (ctx) => {
+        const answer = await stepsRoute(ctx.state.idempotency, ctx.query, count);
+        ctx.status = answer.status;
+        ctx.body = answer.body;
       });
       app.use(router.routes());
       return serveTestApp(createServer(app.callback()), counted);

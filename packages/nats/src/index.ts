@@ -1,3 +1,9 @@
+/**
+ * Idempotent NATS JetStream consumers for oncely: each message's work runs once per key, duplicates are acked,
+ * failures are retried (`nak` with a delay), then terminated.
+ *
+ * @module @oncely/nats
+ */
 import { createHash } from 'node:crypto';
 import type { JsMsg } from '@nats-io/jetstream';
 import { type Duration, IdempotencyOptionsError } from '@oncely/core';
@@ -14,12 +20,27 @@ import {
  * package) has it; the handler receives your message type unchanged.
  */
 export interface JetStreamMessage {
+  /** The payload: hashed into the fingerprint, so a key reused for different data is caught. */
   data: Uint8Array;
-  headers?: { get(name: string): string } | undefined;
-  info: { deliveryCount: number };
+  /** The message's headers, if it has any: where a key in a header (`Nats-Msg-Id` or another) is read. */
+  headers?:
+    | {
+        /** The value of header `name`, or `''` when the message lacks it. */
+        get(name: string): string;
+      }
+    | undefined;
+  /** JetStream's delivery metadata. */
+  info: {
+    /** How many times the message has been delivered, this delivery included. */
+    deliveryCount: number;
+  };
+  /** Acknowledges the message: JetStream does not redeliver it. */
   ack(): void;
+  /** Asks JetStream to redeliver the message, after `millis` milliseconds when given. */
   nak(millis?: number): void;
+  /** Tells JetStream never to redeliver the message, with `reason` when given. */
   term(reason?: string): void;
+  /** Tells JetStream the message is still being worked on, resetting its `ack_wait` timer. */
   working(): void;
 }
 
@@ -28,7 +49,10 @@ export type NatsKeySource<M extends JetStreamMessage> =
   /** The `Nats-Msg-Id` header, the id JetStream's duplicate window also uses (`js.publish(subj, data, { msgID })`). */
   | 'msgId'
   /** Another header, e.g. `{ header: 'Idempotency-Key' }`. */
-  | { header: string }
+  | {
+      /** The header's name. */
+      header: string;
+    }
   /** Your own function of the message; return `undefined` when the message has no key. */
   | ((msg: M) => string | undefined);
 

@@ -13,7 +13,7 @@ import {
 import { connect, headers, type NatsConnection, nanos } from '@nats-io/transport-node';
 import { IdempotencyOptionsError, type IdempotencyStore, MemoryStore, PermanentError } from '@oncely/core';
 import { idempotentConsumer, type NatsConsumerOptions, type NatsSettledEvent } from '@oncely/nats';
-import { sleep, waitUntil } from '@oncely/testing';
+import { resumingWork, sleep, waitUntil } from '@oncely/testing';
 
 // Against the NATS server (JetStream) on this machine. One stream of this file's own, ONCELY_TEST_<run>, deleted
 // (with its consumers) in afterAll; nothing else on the server is touched.
@@ -210,6 +210,22 @@ test('a handler that fails once and then succeeds: acked, its work done once', a
   await waitUntil(() => c.events.some((e) => e.action === 'ack'), 'ack');
   expect(reasons(c.events)).toEqual(['retry:failed', 'ack:executed']);
   expect([calls, effects]).toEqual([2, 1]);
+});
+
+test('steps: the redelivery after a failure replays the recorded step a without running it, then runs step b', async () => {
+  const { work, runs, seen } = resumingWork();
+  const c = await consume('steps', work, {
+    store: newStore(),
+    key: { header: 'Idempotency-Key' },
+    retryDelay: 100,
+  });
+  await publish('steps', 'x', { key: 'steps-1' });
+  await waitUntil(() => c.events.some((e) => e.action === 'ack'), 'ack');
+  expect(reasons(c.events)).toEqual(['retry:failed', 'ack:executed']);
+  expect(runs).toEqual({ deliveries: 2, a: 1, b: 1 });
+  // Both deliveries got step a's one result, and the same derived key.
+  expect(seen.map((s) => s.a)).toEqual([{ n: 1 }, { n: 1 }]);
+  expect(seen[1]?.keyFor).toBe(seen[0]?.keyFor);
 });
 
 test('a permanent error is terminated at once, and so is a later duplicate, without running again', async () => {

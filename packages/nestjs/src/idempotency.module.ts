@@ -25,6 +25,7 @@ import { IDEMPOTENCY_CONFIG, IDEMPOTENCY_MODULE_OPTIONS } from './tokens';
 export class IdempotencyModule implements NestModule {
   readonly #routes: RouteMounter;
 
+  /** Made by Nest's injector, which passes the module's routes; an app does not construct it. */
   constructor(@Inject(IdempotencyRoutes) routes: RouteMounter) {
     this.#routes = routes;
   }

@@ -8,9 +8,13 @@ import { Idempotency, type IdempotencyOptions, IdempotencyOptionsError } from '@
  * Narrow it in the callback when you need more (`(req as Request).user`).
  */
 export interface IdempotentRequest {
+  /** The request method. */
   method: string;
+  /** Path and query as the client sent them. */
   url: string;
+  /** Request headers with lower-case names. */
   headers: IncomingHttpHeaders;
+  /** The parsed body, or `undefined` when there is none or no parser ran. */
   body?: unknown;
 }
 
@@ -33,6 +37,7 @@ export interface IdempotencyModuleAsyncOptions {
   imports?: ModuleMetadata['imports'];
   /** Providers passed to `useFactory`, in order. */
   inject?: FactoryProvider['inject'];
+  /** Makes the module's options from the `inject` providers; may be async. */
   useFactory: (...args: never[]) => IdempotencyModuleOptions | Promise<IdempotencyModuleOptions>;
 }
 

@@ -18,6 +18,7 @@ import {
   Post,
   Put,
   Query,
+  Req,
   Res,
   StreamableFile,
 } from '@nestjs/common';
@@ -25,6 +26,7 @@ import type { AbstractHttpAdapter } from '@nestjs/core';
 import { ExpressAdapter } from '@nestjs/platform-express';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { Test } from '@nestjs/testing';
+import type { IdempotencyContext } from '@oncely/core';
 import {
   type AdapterHarness,
   expectedBinary,
@@ -34,6 +36,7 @@ import {
   reusedBuffer,
   routeCounts,
   serveTestApp,
+  stepsRoute,
   type TestApp,
   type TestAppOptions,
 } from '@oncely/testing';
@@ -209,6 +212,17 @@ export class SuiteController {
   reused(): StreamableFile {
     this.counts.hit('reused');
     return new StreamableFile(reusedBuffer());
+  }
+
+  @Post('steps')
+  async steps(
+    @Req() req: { idempotency?: IdempotencyContext },
+    @Query() query: Record<string, unknown>,
+    @Res({ passthrough: true }) res: PlatformResponse,
+  ) {
+    const answer = await stepsRoute(req.idempotency, query, (route) => this.counts.hit(route));
+    res.status(answer.status);
+    return answer.body;
   }
 }
 

@@ -1,3 +1,9 @@
+/**
+ * OpenTelemetry metrics and traces for oncely: `otel()` gives the hooks that record decisions, store operation
+ * durations, waits and executions in flight.
+ *
+ * @module @oncely/opentelemetry
+ */
 import {
   type AdapterKind,
   composeHooks,
@@ -6,6 +12,7 @@ import {
   type ExecutionEvent,
   type IdempotencyHooks,
   IdempotencyOptionsError,
+  type StepEvent,
   type StoreOperation,
   type StoreOperationEvent,
   type UnconfirmedWriteEvent,
@@ -18,6 +25,7 @@ import {
   type Meter,
   type MeterProvider,
   metrics,
+  type ObservableResult,
   SpanKind,
   SpanStatusCode,
   type Tracer,
@@ -32,24 +40,44 @@ export const INSTRUMENTATION_VERSION = '0.0.0';
 
 /** Metric names (OpenTelemetry style; the Prometheus exporter writes dots as underscores and adds unit suffixes). */
 export const METRICS = {
+  /** Counter of the decisions made for requests and messages, by `oncely.outcome` and `oncely.adapter`. */
   decisions: 'oncely.decisions',
+  /** Histogram of store operation durations, in seconds. */
   storeDuration: 'oncely.store.operation.duration',
+  /** Histogram of the waits for a held key (`inProgress: { wait }`), in seconds. */
   waitDuration: 'oncely.wait.duration',
+  /** Up-down counter of the executions (handlers, consumer functions) running now. */
   activeExecutions: 'oncely.executions.active',
+  /** Counter of the store writes left unconfirmed (fewer replicas confirmed them than asked). */
   unconfirmedWrites: 'oncely.store.unconfirmed_writes',
+  /** Counter of the unconfirmed writes that ended, by how (`oncely.unconfirmed.outcome`). */
   unconfirmedWritesEnded: 'oncely.store.unconfirmed_writes.ended',
+  /** Counter of the steps of executions, by `oncely.step.outcome`. */
+  steps: 'oncely.steps',
 } as const;
 
 /** Attribute names used on metrics and spans. None ever carries a key, a scope or anything from a request body. */
 export const ATTRIBUTES = {
+  /** The decision's outcome: one of `OtelOutcome`. */
   outcome: 'oncely.outcome',
+  /** Who decided: `http` (the engine) or `consumer` (`idempotent()` and the broker wrappers). */
   adapter: 'oncely.adapter',
+  /** On the active span: `true` when the answer is a replay. */
   replayed: 'oncely.replayed',
+  /** The store operation: `acquire`, `complete`, `release`, `renew` or `recordStep`. */
   storeOperation: 'oncely.store.operation',
+  /** How the store operation went: `ok` or `error`. */
   storeResult: 'oncely.store.result',
+  /** On store operation spans: the store's class name (`RedisStore`), or `custom`. */
   storeKind: 'oncely.store.kind',
   /** On `oncely.store.unconfirmed_writes.ended`: how it ended (`confirmed`, `lost`, `expired`, `gave_up`). */
   unconfirmedOutcome: 'oncely.unconfirmed.outcome',
+  /**
+   * On `oncely.steps` and the `oncely.step` span event: `run` (the step's function ran and its result was recorded)
+   * or `replayed`. The step's name is never an attribute: code may build names from data (one per item), which
+   * would make a series per name.
+   */
+  stepOutcome: 'oncely.step.outcome',
   /**
    * OpenTelemetry's own `error.type`, set on a store operation's duration and span only when it failed: the class
    * name of what the store threw, or `_OTHER`.
@@ -60,6 +88,7 @@ export const ATTRIBUTES = {
 /** Every value of the decisions counter's `oncely.outcome`: the engine's decisions, plus `fenced` and `released`. */
 export type OtelOutcome = DecisionOutcome | 'fenced' | 'released';
 
+/** Options of `otel()` and `otelHooks()`. */
 export interface OtelOptions {
   /** Where the meter comes from. Default: the global one (`metrics.getMeterProvider()`), read at the first event. */
   meterProvider?: MeterProvider;
@@ -79,6 +108,7 @@ export interface OtelOptions {
 
 /** What `otel()` returns: spread it into an engine's, `idempotent()`'s or a broker wrapper's options. */
 export interface OtelOptionsFragment {
+  /** The hooks OpenTelemetry adds, kept beside the options' own `hooks` rather than in their place. */
   readonly [OBSERVERS]: readonly IdempotencyHooks[];
 }
 
@@ -97,7 +127,8 @@ const OUTCOMES: readonly OtelOutcome[] = [
   'released',
 ];
 const ADAPTERS: readonly AdapterKind[] = ['http', 'consumer'];
-const STORE_OPERATIONS: readonly StoreOperation[] = ['acquire', 'complete', 'release', 'renew'];
+const STORE_OPERATIONS: readonly StoreOperation[] = ['acquire', 'complete', 'release', 'renew', 'recordStep'];
+const STEP_OUTCOMES: readonly StepEvent['outcome'][] = ['run', 'replayed'];
 const UNCONFIRMED_OPERATIONS: readonly UnconfirmedWriteEvent['operation'][] = ['complete', 'release'];
 const UNCONFIRMED_OUTCOMES: readonly UnconfirmedWriteEvent['outcome'][] = [
   'unconfirmed',
@@ -131,6 +162,9 @@ interface Instruments {
     Record<'complete' | 'release', Record<UnconfirmedWriteEvent['outcome'], number>>
   >;
   unconfirmedSeen: boolean;
+  /** Steps by adapter and outcome; an adapter kind is reported once it ran or replayed a step. */
+  steps: Record<AdapterKind, Record<StepEvent['outcome'], number>>;
+  stepsSeen: Record<AdapterKind, boolean>;
 }
 
 const instrumentsByMeter = new WeakMap<Meter, Instruments>();
@@ -140,6 +174,14 @@ const DECISION_ATTRIBUTES = table(ADAPTERS, (adapter) =>
   table(OUTCOMES, (outcome) => freeze({ [ATTRIBUTES.outcome]: outcome, [ATTRIBUTES.adapter]: adapter })),
 );
 const ADAPTER_ATTRIBUTES = table(ADAPTERS, (adapter) => freeze({ [ATTRIBUTES.adapter]: adapter }));
+const STEP_ATTRIBUTES = table(ADAPTERS, (adapter) =>
+  table(STEP_OUTCOMES, (outcome) =>
+    freeze({ [ATTRIBUTES.stepOutcome]: outcome, [ATTRIBUTES.adapter]: adapter }),
+  ),
+);
+const STEP_EVENT_ATTRIBUTES = table(STEP_OUTCOMES, (outcome) =>
+  freeze({ [ATTRIBUTES.stepOutcome]: outcome }),
+);
 const UNCONFIRMED_ATTRIBUTES = table(ADAPTERS, (adapter) =>
   table(UNCONFIRMED_OPERATIONS, (operation) =>
     freeze({ [ATTRIBUTES.adapter]: adapter, [ATTRIBUTES.storeOperation]: operation }),
@@ -178,20 +220,17 @@ function instrumentsOf(meter: Meter): Instruments {
       table(UNCONFIRMED_OPERATIONS, () => table(UNCONFIRMED_OUTCOMES, () => 0)),
     ),
     unconfirmedSeen: false,
+    steps: table(ADAPTERS, () => table(STEP_OUTCOMES, () => 0)),
+    stepsSeen: table(ADAPTERS, () => false),
   };
   meter
     .createObservableCounter(METRICS.decisions, {
       description: 'Idempotency decisions, by outcome and adapter kind',
       unit: '{decision}',
     })
-    .addCallback((result) => {
-      for (const adapter of ADAPTERS) {
-        if (!instruments.seen[adapter]) continue;
-        for (const outcome of OUTCOMES) {
-          result.observe(instruments.decisions[adapter][outcome], DECISION_ATTRIBUTES[adapter][outcome]);
-        }
-      }
-    });
+    .addCallback((result) =>
+      observeByOutcome(result, instruments.seen, OUTCOMES, instruments.decisions, DECISION_ATTRIBUTES),
+    );
   meter
     .createObservableUpDownCounter(METRICS.activeExecutions, {
       description: 'Handlers and consumer functions running under an idempotency key',
@@ -234,6 +273,15 @@ function instrumentsOf(meter: Meter): Instruments {
               UNCONFIRMED_ENDED_ATTRIBUTES[adapter][operation][outcome],
             );
     });
+  meter
+    .createObservableCounter(METRICS.steps, {
+      description:
+        'Steps of executions (step(name, fn)), by outcome: run (its function ran and its result was recorded) or replayed (recorded by an earlier attempt of the key)',
+      unit: '{step}',
+    })
+    .addCallback((result) =>
+      observeByOutcome(result, instruments.stepsSeen, STEP_OUTCOMES, instruments.steps, STEP_ATTRIBUTES),
+    );
   instrumentsByMeter.set(meter, instruments);
   return instruments;
 }
@@ -403,6 +451,21 @@ function buildHooks(o: Checked): IdempotencyHooks {
         if (span?.isRecording()) span.addEvent('oncely.released', { 'oncely.release.reason': event.reason });
       }
     },
+    onStep(event: StepEvent) {
+      if (o.metrics) {
+        const i = get();
+        const byOutcome = i.steps[event.adapter];
+        if (byOutcome !== undefined && event.outcome in byOutcome) {
+          i.stepsSeen[event.adapter] = true;
+          byOutcome[event.outcome]++;
+        }
+      }
+      if (o.traces) {
+        const span = trace.getActiveSpan();
+        const attributes = STEP_EVENT_ATTRIBUTES[event.outcome];
+        if (attributes !== undefined && span?.isRecording()) span.addEvent('oncely.step', attributes);
+      }
+    },
     onUnconfirmedWrite(event: UnconfirmedWriteEvent) {
       if (o.metrics) {
         const i = get();
@@ -453,6 +516,20 @@ function buildHooks(o: Checked): IdempotencyHooks {
     };
   }
   return hooks;
+}
+
+/** Reports a counter by adapter kind and outcome: every outcome, zeros included, of each adapter kind seen. */
+function observeByOutcome<O extends string>(
+  result: ObservableResult,
+  seen: Record<AdapterKind, boolean>,
+  outcomes: readonly O[],
+  counts: Record<AdapterKind, Record<O, number>>,
+  attributes: Record<AdapterKind, Record<O, Attributes>>,
+): void {
+  for (const adapter of ADAPTERS) {
+    if (!seen[adapter]) continue;
+    for (const outcome of outcomes) result.observe(counts[adapter][outcome], attributes[adapter][outcome]);
+  }
 }
 
 function table<K extends string, V>(keys: readonly K[], make: (key: K) => V): Record<K, V> {

@@ -1,3 +1,9 @@
+/**
+ * Idempotent pg-boss workers for oncely: each job's work runs once per key, and in transactional mode its writes
+ * commit with the job's idempotency record in one PostgreSQL transaction.
+ *
+ * @module @oncely/pg-boss
+ */
 import { createHash } from 'node:crypto';
 import {
   type Duration,
@@ -17,9 +23,11 @@ import {
 
 /** What the wrapper reads of a pg-boss job (`PgBoss.Job`, or `JobWithMetadata` with `includeMetadata: true`). */
 export interface PgBossJob<T = unknown> {
+  /** The job's id: how it is completed or cancelled, never its key (a job sent twice has two ids). */
   id: string;
   /** The queue's name. */
   name: string;
+  /** The job's data: where the default key is read (`idempotencyKey`), and what the fingerprint is computed from. */
   data: T;
   /**
    * How long pg-boss lets the job stay active: the longest an in-progress duplicate waits in the worker. (pg-boss 10
@@ -38,17 +46,28 @@ export interface PgBossJob<T = unknown> {
 
 /** The pg-boss calls the wrapper makes (a `PgBoss` instance has them). */
 export interface PgBossClient {
+  /** Completes job `id` of queue `name` with `data` as its output: how a job that ran, or a duplicate, is settled. */
   complete(name: string, id: string, data: object): Promise<unknown>;
+  /** Cancels job `id` of queue `name`: how a job no retry can help is settled, so that pg-boss never retries it. */
   cancel(name: string, id: string): Promise<unknown>;
 }
 
 /** A store that runs work in one transaction with its record: `PostgresStore` from `@oncely/postgres`. */
 export interface TransactionalStore<Db> {
+  /**
+   * Runs `work` once per key, in one transaction that also writes the key's record; a duplicate gets the stored
+   * result instead, a key reused with another fingerprint an error, and an error thrown by `work` rolls it all back.
+   */
   transaction<T>(
     key: string,
     options: { fingerprint?: string; ttl?: Duration },
     work: (db: Db) => Promise<T>,
-  ): Promise<{ outcome: 'executed' | 'replayed'; result: T }>;
+  ): Promise<{
+    /** `'executed'`: `work` ran and committed now; `'replayed'`: an earlier run's stored result. */
+    outcome: 'executed' | 'replayed';
+    /** What `work` returned, now or in the run whose result was stored. */
+    result: T;
+  }>;
 }
 
 /** What `fn` gets besides the job. */
@@ -59,6 +78,7 @@ export interface JobContext {
 
 /** What `fn` gets in transactional mode: `db` is the transaction that also commits the key's record. */
 export interface TransactionalJobContext<Db> {
+  /** The job's idempotency key (every job has one in transactional mode: those without are cancelled). */
   key: string;
   /** The transaction's client (a pg `PoolClient`): write through it, and your writes commit with the record. */
   db: Db;
@@ -90,6 +110,7 @@ export interface PgBossWorkerOptions<J extends PgBossJob = PgBossJob>
 /** Transactional mode: `fn(job, { key, db })` writes through `db`; its writes and the record commit together. */
 export interface PgBossTransactionalWorkerOptions<J extends PgBossJob, Db>
   extends Omit<PgBossWorkerOptions<J>, 'transactional' | 'store' | 'lockTimeout' | 'inProgress'> {
+  /** Selects transactional mode: `fn` gets `{ key, db }`, and its writes through `db` commit with the record. */
   transactional: true;
   /** A `PostgresStore` in the database your writes go to. */
   store: IdempotencyStore & TransactionalStore<Db>;
@@ -98,8 +119,18 @@ export interface PgBossTransactionalWorkerOptions<J extends PgBossJob, Db>
 /** Thrown (so that pg-boss fails them, and retries them per its `retryLimit`) for jobs that must run again. */
 export class JobsToRetryError extends OncelyError {
   /** The ids of the jobs left for pg-boss to fail, with why. */
-  readonly jobs: ReadonlyArray<{ id: string; key: string | undefined; reason: string; error?: unknown }>;
+  readonly jobs: ReadonlyArray<{
+    /** The job's id. */
+    id: string;
+    /** The job's idempotency key, when it has one. */
+    key: string | undefined;
+    /** Why it must run again: the settlement's reason, as `onSettled` reports it, or `'settle-failed'`. */
+    reason: string;
+    /** The error it failed with, if any; the first job's is also this error's `cause`. */
+    error?: unknown;
+  }>;
 
+  /** Made by the worker for the jobs of one batch that must run again; `jobs` is the property of that name. */
   constructor(jobs: JobsToRetryError['jobs']) {
     const first = jobs[0]?.error;
     super(

@@ -11,7 +11,7 @@ import {
 } from '@oncely/core';
 import { idempotentWorker, type PgBossSettledEvent } from '@oncely/pg-boss';
 import { PostgresStore } from '@oncely/postgres';
-import { waitUntil } from '@oncely/testing';
+import { resumingWork, waitUntil } from '@oncely/testing';
 import type { PoolClient } from 'pg';
 import type PgBoss from 'pg-boss';
 import { settledJob, testDatabase } from './helpers';
@@ -1009,6 +1009,68 @@ describe('settling, keys and waits (review findings)', () => {
     expect(calls).toBe(2);
     await boss.offWork(name);
   });
+});
+
+describe('steps and currentIdempotency()', () => {
+  test('plain mode: the retry after a failure replays the recorded step a without running it, then runs step b', async () => {
+    const name = await queue({ retryLimit: 2, retryDelay: 0 });
+    const { work: resuming, runs, seen } = resumingWork();
+    const steps = new MemoryStore();
+    await boss.work<Data>(name, work, idempotentWorker(resuming, { boss, store: steps }));
+    const job = await settledJob(boss, name, await send(name, { idempotencyKey: 'steps-plain', n: 1 }));
+    expect([job.state, job.retryCount, job.output]).toEqual(['completed', 1, { a: { n: 1 } }]);
+    expect(runs).toEqual({ deliveries: 2, a: 1, b: 1 });
+    expect(seen.map((s) => s.a)).toEqual([{ n: 1 }, { n: 1 }]);
+    expect(seen[1]?.keyFor).toBe(seen[0]?.keyFor);
+    await boss.offWork(name);
+    await steps.close();
+  });
+
+  // In transactional mode a step is part of the transaction: a rolled-back attempt's steps are gone with its
+  // writes, so the retry runs step a again. The context's db is the transaction's client, on either path.
+  test.each([
+    ['acquireInTransaction (the runtime runs the transaction)', () => store],
+    [
+      "the store's own transaction() (a store without acquireInTransaction)",
+      () => ({
+        acquire: store.acquire.bind(store),
+        complete: store.complete.bind(store),
+        release: store.release.bind(store),
+        renew: store.renew.bind(store),
+        transaction: store.transaction.bind(store),
+      }),
+    ],
+  ])(
+    'transactional mode through %s: the work runs in the context, steps run again after a rollback',
+    async (_label, storeOf) => {
+      const name = await queue({ retryLimit: 2, retryDelay: 0 });
+      const { work: resuming, runs, seen } = resumingWork();
+      const clients: unknown[] = [];
+      await boss.work<Data>(
+        name,
+        work,
+        idempotentWorker(
+          async (_job: Job, { db: client }) => {
+            clients.push(client);
+            return resuming();
+          },
+          { boss, store: storeOf(), transactional: true },
+        ),
+      );
+      const job = await settledJob(
+        boss,
+        name,
+        await send(name, { idempotencyKey: `steps-tx-${name}`, n: 1 }),
+      );
+      expect([job.state, job.retryCount, job.output]).toEqual(['completed', 1, { a: { n: 2 } }]);
+      expect(runs).toEqual({ deliveries: 2, a: 2, b: 1 });
+      expect(seen.map((s) => s.a)).toEqual([{ n: 1 }, { n: 2 }]);
+      expect(seen[1]?.keyFor).toBe(seen[0]?.keyFor);
+      expect(clients).toHaveLength(2);
+      expect(seen.every((s, i) => s.db === clients[i] && s.db !== undefined)).toBe(true);
+      await boss.offWork(name);
+    },
+  );
 });
 
 describe('option mistakes are caught at construction', () => {

@@ -1,5 +1,6 @@
 import { IdempotencySetupError } from '@oncely/core';
 import type { PoolClient } from 'pg';
+import type { TransactionSql } from 'postgres';
 
 /**
  * The transaction's client for a request in transactional mode (`req.idempotency.db`, typed). Throws if the
@@ -14,4 +15,12 @@ export function transactionClient(request: { idempotency?: { db: unknown } | und
     );
   }
   return db as PoolClient;
+}
+
+/**
+ * The postgres.js transaction for a request in transactional mode on a store given `sql`
+ * (`req.idempotency.db`, typed). Throws like `transactionClient` when there is none.
+ */
+export function transactionSql(request: { idempotency?: { db: unknown } | undefined }): TransactionSql {
+  return transactionClient(request) as unknown as TransactionSql;
 }

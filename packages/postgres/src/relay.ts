@@ -13,11 +13,12 @@ import type {
   TransactionAcquiredResult,
   TransactionalIdempotencyStore,
 } from '@oncely/core/adapter';
-import { hold } from './client';
+import { toNumber, toResponse, toText } from './rows';
 import type { PostgresStore } from './store';
 
 /** Where completed records are copied to and read from first: a `RedisStore` fits. */
 export interface CompletedRecordCache {
+  /** The cached record of `key`, or `undefined` when the cache has none. */
   get(key: string): Promise<IdempotencyRecord | undefined>;
   /** Writes the copy unless one is already there; resolves `true` if it wrote. */
   putCompleted(
@@ -27,9 +28,10 @@ export interface CompletedRecordCache {
   ): Promise<boolean>;
 }
 
+/** Options of {@link OutboxRelay}: the outbox to read, the cache to fill, and how often. */
 export interface OutboxRelayOptions {
   /** The source of truth; created with `outbox: true` so that completions are queued. */
-  store: PostgresStore;
+  store: PostgresStore<unknown>;
   /** The cache the completions are copied to. */
   cache: CompletedRecordCache;
   /** Completions claimed per transaction. Default: `100`. */
@@ -40,6 +42,7 @@ export interface OutboxRelayOptions {
   onError?: (error: unknown) => void;
 }
 
+/** What one run of an {@link OutboxRelay} did (`runOnce()`). */
 export interface RelayRun {
   /** Outbox entries claimed and removed. */
   claimed: number;
@@ -55,7 +58,7 @@ export interface RelayRun {
  * record yet, so a batch taken over after a crash writes nothing twice.
  */
 export class OutboxRelay {
-  readonly #store: PostgresStore;
+  readonly #store: PostgresStore<unknown>;
   readonly #cache: CompletedRecordCache;
   readonly #batchSize: number;
   readonly #intervalMs: number;
@@ -64,6 +67,11 @@ export class OutboxRelay {
   #running: Promise<void> | undefined;
   #stopped = true;
 
+  /**
+   * Makes a relay, stopped: call `start()` to relay continuously, or `runOnce()` for one batch.
+   * Throws `IdempotencyOptionsError` when `store` or `cache` is missing, the store was made without `outbox: true`,
+   * or `batchSize` is not a positive integer.
+   */
   constructor(options: OutboxRelayOptions) {
     for (const option of ['store', 'cache'] as const) {
       if (options?.[option] === undefined) {
@@ -99,49 +107,22 @@ export class OutboxRelay {
   /** Relays one batch. */
   async runOnce(): Promise<RelayRun> {
     const sql = this.#store.statements;
-    const held = await hold(this.#store.pool);
-    const { client } = held;
-    let broken: unknown;
-    try {
-      await client.query('BEGIN');
-      const { rows } = await client.query<{
-        id: string;
-        key: string;
-        fingerprint: string | null;
-        status: number | null;
-        headers: StoredResponse['headers'] | null;
-        body: Buffer | null;
-        ttl_ms: string | null;
-      }>(sql.claimOutbox, [this.#batchSize]);
+    return this.#store.inOwnTransaction(async (query) => {
+      const { rows } = await query(sql.claimOutbox, [this.#batchSize]);
       const copied: string[] = [];
       for (const row of rows) {
+        const key = toText(row.key) ?? '';
+        const fingerprint = toText(row.fingerprint);
         // No live completed record (expired, purged, or released since): nothing to copy.
-        if (row.fingerprint === null || row.ttl_ms === null || Number(row.ttl_ms) <= 0) continue;
-        const response = {
-          status: Number(row.status),
-          headers: row.headers ?? {},
-          body: row.body ?? Buffer.alloc(0),
-        };
+        if (fingerprint === null || row.ttlms === null || toNumber(row.ttlms) <= 0) continue;
         if (
-          await this.#cache.putCompleted(
-            row.key,
-            { fingerprint: row.fingerprint, response },
-            Number(row.ttl_ms),
-          )
-        ) {
-          copied.push(row.key);
-        }
+          await this.#cache.putCompleted(key, { fingerprint, response: toResponse(row) }, toNumber(row.ttlms))
+        )
+          copied.push(key);
       }
-      if (rows.length > 0) await client.query(sql.deleteOutbox, [rows.map((row) => row.id)]);
-      await client.query('COMMIT');
+      if (rows.length > 0) await query(sql.deleteOutbox, [rows.map((row) => String(row.id))]);
       return { claimed: rows.length, copied };
-    } catch (error) {
-      broken = error;
-      if (!held.broken(error)) await client.query('ROLLBACK').catch(() => {});
-      throw error;
-    } finally {
-      held.release(broken);
-    }
+    });
   }
 
   /** Relays continuously until `stop()`: full batches back to back, then every `interval`. */
@@ -168,6 +149,7 @@ export class OutboxRelay {
     return this;
   }
 
+  /** Stops relaying: resolves once the run under way, if any, has finished. */
   async stop(): Promise<void> {
     this.#stopped = true;
     if (this.#timer !== undefined) clearTimeout(this.#timer);
@@ -177,14 +159,22 @@ export class OutboxRelay {
 
 /**
  * PostgreSQL as the source of truth with a cache in front: replays are read from the cache first (one Redis round
- * trip) and from PostgreSQL on a miss; every write — acquire, complete, release, renew, transactions — goes to
+ * trip) and from PostgreSQL on a miss; every write — acquire, complete, release, renew, steps, transactions — goes to
  * PostgreSQL, and an `OutboxRelay` fills the cache.
  */
 export class CachedStore implements TransactionalIdempotencyStore {
   readonly #cache: CompletedRecordCache;
-  readonly #source: PostgresStore;
+  readonly #source: PostgresStore<unknown>;
 
-  constructor(options: { cache: CompletedRecordCache; source: PostgresStore }) {
+  /**
+   * Makes a store that reads completed records from `cache` first, and does everything else on `source`.
+   */
+  constructor(options: {
+    /** The cache an `OutboxRelay` fills: a `RedisStore` fits. */
+    cache: CompletedRecordCache;
+    /** The PostgresStore every write goes to, made with `outbox: true` so that an `OutboxRelay` fills the cache. */
+    source: PostgresStore<unknown>;
+  }) {
     this.#cache = options.cache;
     this.#source = options.source;
   }
@@ -193,6 +183,10 @@ export class CachedStore implements TransactionalIdempotencyStore {
     return (await this.#cached(key)) ?? this.#source.acquire(key, options);
   }
 
+  /**
+   * Transactional mode: a completed record in the cache is replayed from it; otherwise the source opens the
+   * transaction and reserves the key in it (see `PostgresStore.acquireInTransaction`).
+   */
   async acquireInTransaction(
     key: string,
     options: AcquireOptions,
@@ -210,6 +204,11 @@ export class CachedStore implements TransactionalIdempotencyStore {
 
   renew(key: string, token: string, lockTimeoutMs: number): Promise<boolean> {
     return this.#source.renew(key, token, lockTimeoutMs);
+  }
+
+  /** Steps are written to the source only: the cache holds completed records, which carry none. */
+  recordStep(key: string, token: string, name: string, value: string, ttlMs: number): Promise<boolean> {
+    return this.#source.recordStep(key, token, name, value, ttlMs);
   }
 
   get(key: string): Promise<IdempotencyRecord | undefined> {

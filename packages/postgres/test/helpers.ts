@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
+import postgres from 'postgres';
 
 export const connectionString = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 
@@ -19,4 +20,11 @@ export function testSchema(): { schema: string; pool: () => pg.Pool; drop: () =>
       await pool.end();
     },
   };
+}
+
+/** A postgres.js client for a test file, quiet about the NOTICEs of `CREATE ... IF NOT EXISTS`. */
+export function postgresJs(
+  options: postgres.Options<Record<string, postgres.PostgresType>> = {},
+): postgres.Sql {
+  return postgres(connectionString, { max: 20, onnotice: () => {}, ...options });
 }

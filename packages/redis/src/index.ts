@@ -1,4 +1,10 @@
-import { createHash, randomUUID } from 'node:crypto';
+/**
+ * A store on Redis for oncely: {@link RedisStore}, on an ioredis or node-redis client, standalone or Cluster, with
+ * fencing tokens and, optionally, writes confirmed on replicas (`waitForReplicas`).
+ *
+ * @module @oncely/redis
+ */
+import { randomUUID } from 'node:crypto';
 import type { Socket } from 'node:net';
 import {
   type AcquireResult,
@@ -13,7 +19,8 @@ import { type AcquireOptions, type IdempotencyRecord, undoAcquire } from '@oncel
 import { autoPipelinesScriptsOnCluster, ioredisConnection, isIoredis } from './clients/ioredis';
 import { isNodeRedis, isNodeRedis5OrLater, nodeRedisConnection } from './clients/node-redis';
 import type { RedisConnection, ScriptArgument } from './clients/types';
-import { completedRecord, parseAcquire, parseFlag, parseGet, parseReserve } from './replies';
+import { channelOf, DEFAULT_PREFIX, redisKeyOf, usesDigestTags } from './records';
+import { completedRecord, parseAcquire, parseFlag, parseGet, parseReserve, TOKEN_ID_LENGTH } from './replies';
 import { SCRIPTS, type Script } from './scripts';
 
 /**
@@ -21,18 +28,25 @@ import { SCRIPTS, type Script } from './scripts';
  * user needs no ioredis types (and the other way round).
  */
 export interface IoredisClient {
+  /** Sends a command and resolves with its reply, bulk strings as Buffers: how the store sends its commands. */
   callBuffer(...args: never[]): unknown;
+  /** Makes a new connection with the same settings: for the store's wake-up subscription and re-sent writes. */
   duplicate(...args: never[]): unknown;
 }
 
 /** A node-redis client, `redis` 5 or 6: `createClient()` or `createCluster()`, connected (`await client.connect()`). */
 export interface NodeRedisClient {
+  /** Sends a raw command and resolves with its reply: how the store sends its commands. */
   sendCommand(...args: never[]): Promise<unknown>;
+  /** Makes a new client with the same settings: for the store's wake-up subscription and re-sent writes. */
   duplicate(...args: never[]): unknown;
+  /** Present from node-redis 5 on: how the store tells it from node-redis 4, which it refuses. */
   withTypeMapping(...args: never[]): unknown;
+  /** Whether `connect()` was called and the client not closed since; connect it before the store uses it. */
   readonly isOpen: boolean;
 }
 
+/** Options of {@link RedisStore}: the client to use, and how records are keyed, written and confirmed. */
 export interface RedisStoreOptions {
   /**
    * The client you already have, owned by you: the store neither connects nor quits it. ioredis (`Redis` or
@@ -56,7 +70,7 @@ export interface RedisStoreOptions {
    * Confirm each reservation and each completion on `replicas` replicas (`WAIT`, sent in the same socket write as
    * the script call) before the engine acts on it, so that a failover cannot lose them: Redis replicates
    * asynchronously, and a promoted replica without them would let a retry run the handler again
-   * (docs/stores/redis.md, "Failover"). Releases are confirmed too. Fewer confirmations within `timeout`: a
+   * (docs/stores/redis.md, "Failover"). Releases and recorded steps (`recordStep`) are confirmed too. Fewer confirmations within `timeout`: a
    * reservation fails as a store error (503, fail-closed, the lease released); a completion's response is still
    * sent, the store error is logged and reported (`onStoreError`, `onUnconfirmedWrite`), and the store re-sends the
    * completion (or release) in the background until it is confirmed, for up to `lockTimeout`, so that a promoted
@@ -65,7 +79,12 @@ export interface RedisStoreOptions {
    * `replicas + 1` replicas: after a failover the promoted one is a replica less, and with too few every reservation
    * fails. Standalone and Sentinel (ioredis) clients; refused with a Cluster. Default: off.
    */
-  waitForReplicas?: { replicas: number; timeout: Duration };
+  waitForReplicas?: {
+    /** How many replicas must confirm each write (a positive integer). */
+    replicas: number;
+    /** How long to wait for their confirmations (`WAIT`'s timeout), at least 1 ms: milliseconds, or e.g. `'50ms'`. */
+    timeout: Duration;
+  };
 }
 
 /**
@@ -77,8 +96,8 @@ export interface RedisStoreOptions {
 export type RedisConfirmationOutcome = 'confirmed' | 'lost' | 'expired' | 'gave_up';
 
 /**
- * Fewer replicas than `waitForReplicas.replicas` confirmed a reservation, a completion or a release within its
- * timeout. On `complete` and `release`, `recordWritten` is true when the primary has the write, false when the call
+ * Fewer replicas than `waitForReplicas.replicas` confirmed a reservation, a completion, a release or a recorded step
+ * within its timeout (a step's is on the primary, `recordWritten` true, and not re-sent: the handler stops). On `complete` and `release`, `recordWritten` is true when the primary has the write, false when the call
  * failed without a reply (`cause`: a dropped connection, a timeout, a failover under way), so that it may or may not
  * have run; either way the store re-sends it in the background until a `WAIT` confirms it (`confirmation` resolves
  * `'confirmed'`), the key is no longer this owner's (`'lost'`), a completion's TTL runs out (`'expired'`), or the
@@ -86,24 +105,33 @@ export type RedisConfirmationOutcome = 'confirmed' | 'lost' | 'expired' | 'gave_
  * last chance).
  */
 export class RedisReplicationError extends OncelyError {
+  /** Always `'RedisReplicationError'`. */
   override readonly name = 'RedisReplicationError';
+  /** Made by the store when too few replicas confirm a write; the arguments are the properties of the same names. */
   constructor(
-    readonly operation: 'acquire' | 'complete' | 'release',
+    /** The write too few replicas confirmed: a reservation, a completion, a release or a recorded step. */
+    readonly operation: 'acquire' | 'complete' | 'release' | 'recordStep',
+    /** How many replicas confirmed it within the timeout. */
     readonly confirmed: number,
+    /** How many were wanted: `waitForReplicas.replicas`. */
     readonly wanted: number,
+    /** Whether the primary has the write; `false` when the call failed with no reply (it may or may not have run). */
     readonly recordWritten: boolean,
     /** On `complete` and `release`: how the re-sending ended. Never rejects. */
     readonly confirmation?: Promise<RedisConfirmationOutcome>,
-    options?: { cause?: unknown },
+    /** `step`: on `recordStep`, the step's name. */
+    options?: { cause?: unknown; step?: string },
   ) {
     const what =
       operation === 'acquire' ? 'reservation' : operation === 'complete' ? 'completion' : 'release';
     super(
       operation === 'acquire'
         ? `oncely/redis: ${confirmed} of ${wanted} replica(s) confirmed the reservation in time; the reservation was released, nothing ran.`
-        : recordWritten
-          ? `oncely/redis: ${confirmed} of ${wanted} replica(s) confirmed the ${what} in time; it is on the primary, and re-sent until replicas confirm it.`
-          : `oncely/redis: the ${what} failed without a reply (${(options?.cause as Error | undefined)?.message ?? 'unknown'}); it is re-sent until replicas confirm it.`,
+        : operation === 'recordStep'
+          ? `oncely/redis: ${confirmed} of ${wanted} replica(s) confirmed step "${options?.step ?? ''}" in time; it is on the primary, so a retry replays it, unless a failover loses it first (then the retry runs it again: pass keyFor() to the foreign call it makes). Check the replicas' lag and waitForReplicas.timeout.`
+          : recordWritten
+            ? `oncely/redis: ${confirmed} of ${wanted} replica(s) confirmed the ${what} in time; it is on the primary, and re-sent until replicas confirm it.`
+            : `oncely/redis: the ${what} failed without a reply (${(options?.cause as Error | undefined)?.message ?? 'unknown'}); it is re-sent until replicas confirm it.`,
       options,
     );
   }
@@ -162,6 +190,10 @@ export class RedisStore implements IdempotencyStore {
     if (streams !== undefined) for (const stream of streams) stream.uncork();
   };
 
+  /**
+   * Makes a store on `options.client`, which stays yours: the store neither connects nor quits it.
+   * Throws `IdempotencyOptionsError` when an option is missing or wrong.
+   */
   constructor(options: RedisStoreOptions) {
     if (options === null || typeof options !== 'object' || options.client === undefined) {
       throw new IdempotencyOptionsError(
@@ -171,7 +203,7 @@ export class RedisStore implements IdempotencyStore {
       );
     }
     this.#connection = connectionFor(options.client);
-    const prefix = options.prefix ?? 'oncely:';
+    const prefix = options.prefix ?? DEFAULT_PREFIX;
     if (typeof prefix !== 'string')
       throw new IdempotencyOptionsError('prefix', 'must be a string.', 'oncely/redis');
     const coalesce = options.coalesceWrites ?? true;
@@ -188,8 +220,8 @@ export class RedisStore implements IdempotencyStore {
       );
     }
     this.#prefix = prefix;
-    this.#digestTags = this.#connection.cluster && !(open >= 0 && prefix.indexOf('}', open + 1) >= 0);
-    this.#channel = `${prefix}completed`;
+    this.#digestTags = usesDigestTags(prefix, this.#connection.cluster);
+    this.#channel = channelOf(prefix);
     this.#coalesce = coalesce;
     this.#replication = checkWaitForReplicas(options.waitForReplicas, this.#connection);
     this.#reserveWithSet = this.#replication === undefined;
@@ -259,6 +291,25 @@ export class RedisStore implements IdempotencyStore {
     return this.#writeConfirmed('release', SCRIPTS.release, key, args, this.#replication, {
       script: SCRIPTS.rerelease,
       args: () => args,
+    });
+  }
+
+  /**
+   * One script call. With `waitForReplicas`, the step is confirmed by the turn's WAIT, as a completion is, before it
+   * resolves `true`: a promoted replica without it would let the retry run the step again. Fewer confirmations in
+   * time reject with a `RedisReplicationError` (`recordWritten: true`, not re-sent): the step is on the primary and
+   * the handler stops with a store error; a retry replays the step unless a failover lost it first.
+   */
+  async recordStep(key: string, token: string, name: string, value: string, ttlMs: number): Promise<boolean> {
+    const args = [token, name, value, ttlMs];
+    const replication = this.#replication;
+    if (replication === undefined) return parseFlag(await this.#run(SCRIPTS.recordStep, key, args));
+    const [reply, confirmation] = await this.#runConfirmed(SCRIPTS.recordStep, key, args, replication);
+    if (!parseFlag(reply)) return false; // fenced: nothing written
+    const confirmed = await confirmation.catch(() => 0);
+    if (confirmed >= replication.replicas) return true;
+    throw new RedisReplicationError('recordStep', confirmed, replication.replicas, true, undefined, {
+      step: name,
     });
   }
 
@@ -612,7 +663,8 @@ export class RedisStore implements IdempotencyStore {
    * removes the lease or the lease has lapsed by itself.
    */
   #undoAcquire(key: string, token: string, lockTimeoutMs: number): void {
-    const args = [token, this.#channel];
+    // 'undo': a record with steps this acquire resumed keeps its own fingerprint, so its token is not this one.
+    const args = [token, this.#channel, 'undo'];
     const replication = this.#replication;
     undoAcquire(
       replication === undefined
@@ -663,19 +715,9 @@ export class RedisStore implements IdempotencyStore {
     setImmediate(this.#uncork);
   }
 
-  /**
-   * The Redis key of a store key: the prefix, then the key. Redis Cluster hashes only what a key's first `{...}`
-   * holds, so a client's key such as `{x}1` would pick the slot, and one client could put all its records on one
-   * shard. On a Cluster, a key holding a brace (or a `}` after a prefix's open `{`) gets a tag of its own first, a
-   * digest of the whole key, which spreads such keys as other keys spread; other keys, every key a well-behaved
-   * client sends, keep the layout they had. One-to-one: a tagged key has a `{` right after the prefix, an untagged
-   * one none. (Not an empty `{}`: Redis hashes the whole key then, but cluster-key-slot, which ioredis and
-   * node-redis use, reads on.) A standalone or Sentinel server has no slots: every key is prefix + key there.
-   */
+  /** The Redis key of a store key (`redisKeyOf`, shared with `@oncely/redis/records`). */
   #redisKey(key: string): string {
-    if (!this.#digestTags || (!key.includes('{') && !(key.includes('}') && this.#prefix.includes('{'))))
-      return this.#prefix + key;
-    return `${this.#prefix}{${createHash('sha256').update(key).digest('base64url').slice(0, 12)}}${key}`;
+    return redisKeyOf(this.#prefix, key, this.#digestTags);
   }
 
   async #run(script: Script, key: string, args: ScriptArgument[]): Promise<unknown> {
@@ -723,9 +765,6 @@ interface UnconfirmedWrite {
 }
 
 type SideConnection = ReturnType<RedisConnection['sideConnection']>;
-
-/** A `randomUUID()`: the fencing token is one followed by the fingerprint. */
-const TOKEN_ID_LENGTH = 36;
 
 /** An error reply of Redis itself: its message starts with an upper-case code (ERR, WRONGTYPE, OOM, ...). */
 const SERVER_ERROR = /^[A-Z][A-Z_]+ /;

@@ -1,6 +1,6 @@
 import type { AcquireResult, StoredResponse } from '@oncely/core';
 import { StoreOperationError } from '@oncely/core';
-import type { IdempotencyRecord } from '@oncely/core/adapter';
+import type { IdempotencyRecord, RecordedSteps } from '@oncely/core/adapter';
 
 /**
  * The one place script replies are turned into store results, and records into script arguments (the layout is
@@ -12,6 +12,22 @@ type Reply = Buffer | number | null | Reply[];
 const COLON = 0x3a;
 /** 'p' (1 byte) and the token (36): an in-progress record's fingerprint starts here. */
 const IN_PROGRESS_FINGERPRINT = 37;
+/** A random UUID: the first part of every fencing token. */
+export const TOKEN_ID_LENGTH = 36;
+/** In a record with steps: where the UUID starts (after 's' and the lease end) and the fingerprint's length. */
+const STEPS_UUID = 16;
+const STEPS_FINGERPRINT = STEPS_UUID + TOKEN_ID_LENGTH + 15;
+/** 's': a record with steps. */
+const WITH_STEPS = 0x73;
+/** 'p' and 'w': an in-progress record (a waiter listens to a 'w' one). */
+const IN_PROGRESS = 0x70;
+const WATCHED = 0x77;
+
+/** A value under the prefix that is none of the layouts in `scripts.ts` (another app's key, a newer version's). */
+const unknownLayout = () =>
+  new StoreOperationError(
+    'oncely/redis: the value under this key is not a record of a layout this version knows',
+  );
 
 const text = (value: Reply | undefined): string =>
   Buffer.isBuffer(value) ? value.toString('utf8') : String(value ?? '');
@@ -42,6 +58,42 @@ function completed(record: Buffer): { fingerprint: string; response: StoredRespo
   };
 }
 
+/**
+ * A record with steps: 's' | lease end (15 digits) | UUID (36) | steps' expiry (15 digits) | fingerprint length ':'
+ * fingerprint | per step: name length ':' name | value length ':' value (scripts.ts).
+ */
+function withSteps(record: Buffer): {
+  leaseEnd: number;
+  token: string;
+  fingerprint: string;
+  steps: RecordedSteps;
+} {
+  const fingerprintLength = numberAt(record, STEPS_FINGERPRINT);
+  const fingerprintEnd = fingerprintLength.end + 1 + fingerprintLength.value;
+  const fingerprint = record.toString('utf8', fingerprintLength.end + 1, fingerprintEnd);
+  const entries: [string, string][] = [];
+  for (let at = fingerprintEnd; at < record.length; ) {
+    const nameLength = numberAt(record, at);
+    const nameEnd = nameLength.end + 1 + nameLength.value;
+    const valueLength = numberAt(record, nameEnd);
+    const valueEnd = valueLength.end + 1 + valueLength.value;
+    if (valueEnd > record.length) throw new StoreOperationError('oncely/redis: a stored record is cut short');
+    entries.push([
+      record.toString('utf8', nameLength.end + 1, nameEnd),
+      record.toString('utf8', valueLength.end + 1, valueEnd),
+    ]);
+    at = valueEnd;
+  }
+  return {
+    leaseEnd: Number(record.toString('latin1', 1, STEPS_UUID)),
+    // The store's token: the UUID and the fingerprint the record keeps, which `complete` writes.
+    token: record.toString('latin1', STEPS_UUID, STEPS_UUID + TOKEN_ID_LENGTH) + fingerprint,
+    fingerprint,
+    // fromEntries defines own properties: a step named "__proto__" is a step like any other.
+    steps: Object.fromEntries(entries),
+  };
+}
+
 /** What `complete` sends before the body: status ':' headers length ':' headers (the script adds the rest). */
 export function responseHead(response: StoredResponse): string {
   const headers = JSON.stringify(response.headers);
@@ -58,7 +110,12 @@ export function completedRecord(fingerprint: string, response: StoredResponse, b
 
 export function parseAcquire(reply: unknown, token: string): AcquireResult {
   if (reply === 1) return { status: 'acquired', token };
-  if (Buffer.isBuffer(reply)) return { status: 'completed', ...completed(reply) };
+  if (Buffer.isBuffer(reply)) {
+    if (reply[0] !== WITH_STEPS) return { status: 'completed', ...completed(reply) };
+    // Resumed: this call's UUID now holds the record, which keeps its fingerprint (in the token too) and steps.
+    const { fingerprint, steps } = withSteps(reply);
+    return { status: 'acquired', token: token.slice(0, TOKEN_ID_LENGTH) + fingerprint, steps, fingerprint };
+  }
   if (Array.isArray(reply) && Buffer.isBuffer(reply[0])) {
     return {
       status: 'in_progress',
@@ -87,13 +144,20 @@ export function parseFlag(reply: unknown): boolean {
 export function parseGet(reply: unknown): IdempotencyRecord | undefined {
   if (reply === null || reply === undefined) return undefined;
   const r = reply as Reply[];
-  if (r.length === 2) {
+  if (r.length === 3) {
     const record = r[0] as Buffer;
     const expiresAt = Number(r[1]);
+    if (record[0] === WITH_STEPS) {
+      const { leaseEnd, token, fingerprint, steps } = withSteps(record);
+      // A lease end of now or before: released, or its lease ran out (scripts.ts).
+      const state = leaseEnd > Number(r[2]) ? 'in_progress' : 'released';
+      return { state, token, fingerprint, lockExpiresAt: leaseEnd, expiresAt, steps };
+    }
     if (record[0] === 0x63) {
       // Completed: the lease is over, and the token is not kept (nothing can fence with it any more).
       return { state: 'completed', token: '', lockExpiresAt: 0, expiresAt, ...completed(record) };
     }
+    if (record[0] !== IN_PROGRESS && record[0] !== WATCHED) throw unknownLayout();
     return {
       state: 'in_progress',
       // The store's token: the UUID and the fingerprint (scripts.ts).
@@ -106,6 +170,7 @@ export function parseGet(reply: unknown): IdempotencyRecord | undefined {
   }
   // A record of the hash layout (scripts.ts): { state, fingerprint, token, lease end, status, headers, body, expiry }.
   const isCompleted = text(r[0]) === 'c';
+  if (!isCompleted && text(r[0]) !== 'p') throw unknownLayout();
   const record: IdempotencyRecord = {
     state: isCompleted ? 'completed' : 'in_progress',
     fingerprint: text(r[1]),

@@ -22,12 +22,15 @@ import {
 // is sent again twice: once the apps report how every unconfirmed write ended, and after lockTimeout, when a lease a
 // lost completion left on the promoted replica has ended, so that a lost completion would run its handler again.
 // Executions are counted per key from a file the app processes append to.
-jest.setTimeout(150_000);
+jest.setTimeout(200_000);
 
 const APPS = 2;
 const LOOPS_PER_APP = 8;
 const HANDLER_MS = 250;
 const LOCK_TIMEOUT_MS = 10_000;
+// The repeated runs hold their leases longer: an unconfirmed write is re-sent for lockTimeout, and on a loaded machine
+// the promotion plus the old primary's resync (the replica a WAIT needs) can take longer than 10 s.
+const REPEATED_LOCK_TIMEOUT_MS = 25_000;
 const REQUEST_BOUND_MS = 10_000;
 
 interface Sent {
@@ -85,6 +88,17 @@ function readLog(log: string): LogLines {
   return { executions, unconfirmed, storeErrors };
 }
 
+/** Per app pid, how many of the `pending` keys have a handler running (logged, not yet answered). */
+function handlersRunning(log: string, pending: ReadonlySet<string>): Map<string, number> {
+  const perPid = new Map<string, number>();
+  for (const line of readFileSync(log, 'utf8').split('\n')) {
+    const [kind, key, pid] = line.split(' ');
+    if (kind === 'exec' && key !== undefined && pid !== undefined && pending.has(key))
+      perPid.set(pid, (perPid.get(pid) ?? 0) + 1);
+  }
+  return perPid;
+}
+
 interface RunResult {
   load: Sent[];
   /** Every answered key sent again once every live app's unconfirmed writes had ended. */
@@ -99,7 +113,11 @@ interface RunResult {
   killedAt: number;
 }
 
-async function partitionedFailover(label: string, killOwner: boolean): Promise<RunResult> {
+async function partitionedFailover(
+  label: string,
+  killOwner: boolean,
+  lockTimeoutMs = LOCK_TIMEOUT_MS,
+): Promise<RunResult> {
   const dir = mkdtempSync(join(tmpdir(), 'oncely-unconfirmed-'));
   const log = join(dir, 'executions.log');
   writeFileSync(log, '');
@@ -122,7 +140,7 @@ async function partitionedFailover(label: string, killOwner: boolean): Promise<R
           NAME: set?.name ?? '',
           PREFIX: `unconfirmed-${label}:`,
           WAIT_REPLICAS: '1',
-          LOCK_TIMEOUT: String(LOCK_TIMEOUT_MS),
+          LOCK_TIMEOUT: String(lockTimeoutMs),
           // Retries of a key still held answer 409 at once rather than wait (the killed owner's keys).
           IN_PROGRESS: killOwner ? 'reject' : 'wait',
           EXEC_LOG: log,
@@ -131,27 +149,43 @@ async function partitionedFailover(label: string, killOwner: boolean): Promise<R
     );
     const pids = apps.map((a) => String(a.child.pid));
     const load: Sent[] = [];
+    // Keys sent and not yet answered whose handler will answer 201.
+    const pending = new Set<string>();
     let n = 0;
     const loops = apps.flatMap((app, index) =>
       Array.from({ length: LOOPS_PER_APP }, async () => {
         while (running[index]) {
           const i = n++;
           const body = { delayMs: HANDLER_MS, status: i % 5 === 0 ? 500 : 201 };
-          const result = await send(app.url, index, `${label}-${i}`, body);
+          const key = `${label}-${i}`;
+          if (body.status === 201) pending.add(key);
+          const result = await send(app.url, index, key, body);
+          pending.delete(key);
           load.push(result);
           if (result.status !== 201 && result.status !== 500) await sleep(20); // no busy loop while down
         }
       }),
     );
+    // The partition needs handlers running on every app, their reservations confirmed: only those complete
+    // unconfirmed, since a reservation taken during the partition is not confirmed and is released. On a loaded
+    // machine the load may take longer than a second to flow, so the test waits for it rather than for a time.
     await sleep(1000);
+    await waitUntil(
+      () => {
+        const inFlight = handlersRunning(log, pending);
+        return pids.every((pid) => (inFlight.get(pid) ?? 0) >= 2);
+      },
+      'two handlers of 2xx keys running on each app',
+      20_000,
+    );
 
     // The replica stops receiving while the primary keeps answering: the handlers running now complete unconfirmed.
+    const partitionAt = Date.now();
     replica.pause();
     await primary.cli('client', 'kill', 'type', 'replica');
     if (killOwner) {
       // Once its handlers of the partition have answered (250 ms, then the 200 ms WAIT timeout; at least one
       // reported unconfirmed), the first app dies with its completions unconfirmed: the case that remains.
-      const partitionAt = Date.now();
       const killedPid = String(apps[0]?.child.pid);
       await waitUntil(
         () =>
@@ -165,7 +199,15 @@ async function partitionedFailover(label: string, killOwner: boolean): Promise<R
       running[0] = false;
       await apps[0]?.kill();
       await sleep(200);
-    } else await sleep(700);
+    } else {
+      // At least 0.7 s, and until a completion was reported unconfirmed (250 ms of handler, then the 200 ms WAIT).
+      await waitUntil(
+        () => [...readLog(log).unconfirmed.keys()].some((id) => id.startsWith('complete ')),
+        'an unconfirmed completion',
+        5_000,
+      );
+      await sleep(Math.max(0, partitionAt + 700 - Date.now()));
+    }
     const killedAt = Date.now();
     await primary.kill();
     replica.resume();
@@ -198,7 +240,7 @@ async function partitionedFailover(label: string, killOwner: boolean): Promise<R
       async () =>
         [...readLog(log).unconfirmed.values()].every((u) => !livePids.has(u.pid) || u.outcome !== undefined),
       'every unconfirmed write of a live app to end',
-      LOCK_TIMEOUT_MS + 10_000,
+      lockTimeoutMs + 10_000,
     );
     const liveUrls = apps.filter((_, i) => !killOwner || i > 0).map((a) => a.url);
     const answered = load.filter((r) => r.status === 201 || r.status === 500);
@@ -207,13 +249,24 @@ async function partitionedFailover(label: string, killOwner: boolean): Promise<R
       if ((await replica.cli('exists', `unconfirmed-${label}:${r.key}`)) !== '0')
         heldAfterRelease.push(r.key);
     }
+    // A 503 (or no answer) is what a client meets while the store settles or the machine is slow, and it retries,
+    // as clients do: the last answer counts.
+    const resendOne = async (url: string, r: Sent): Promise<Sent> => {
+      const retryUntil = Date.now() + 10_000;
+      let x = await send(url, r.app, r.key, r.body);
+      while ((x.status === 503 || x.status === 0) && Date.now() < retryUntil) {
+        await sleep(200);
+        x = await send(url, r.app, r.key, r.body);
+      }
+      return x;
+    };
     const resendAll = async (): Promise<Sent[]> => {
       const out: Sent[] = [];
       for (let i = 0; i < answered.length; i += 50) {
         const batch = answered.slice(i, i + 50);
         out.push(
           ...(await Promise.all(
-            batch.map((r, j) => send(liveUrls[(i + j) % liveUrls.length] as string, r.app, r.key, r.body)),
+            batch.map((r, j) => resendOne(liveUrls[(i + j) % liveUrls.length] as string, r)),
           )),
         );
       }
@@ -222,7 +275,7 @@ async function partitionedFailover(label: string, killOwner: boolean): Promise<R
     const resentEarly = await resendAll();
     // After lockTimeout (counted from before the partition, when the last leases were confirmed), no lease a lost
     // completion left can still hold its key: a retry of such a key runs again.
-    await sleep(Math.max(0, killedAt + LOCK_TIMEOUT_MS + 1000 - Date.now()));
+    await sleep(Math.max(0, killedAt + lockTimeoutMs + 1000 - Date.now()));
     const resentLate = await resendAll();
     return { load, resentEarly, resentLate, log: readLog(log), pids, heldAfterRelease, killedAt };
   } finally {
@@ -257,8 +310,8 @@ function summary(label: string, r: RunResult): void {
 }
 
 test('unconfirmed completions are re-sent to the promoted replica: over repeated failovers no key runs twice, and unconfirmed releases free their key', async () => {
-  for (let run = 0; run < 3; run++) {
-    const r = await partitionedFailover(`run${run}`, false);
+  for (let run = 0; run < 2; run++) {
+    const r = await partitionedFailover(`run${run}`, false, REPEATED_LOCK_TIMEOUT_MS);
     summary(`run ${run + 1}`, r);
     const ok = r.load.filter((x) => x.status === 201);
     expect(ok.length).toBeGreaterThan(50);
@@ -287,13 +340,20 @@ test('the remaining case: the owner dies before its completion is confirmed and 
   const killedPid = r.pids[0] as string;
   // Completions the killed app answered but never had confirmed: the documented remaining case.
   const answered = new Set(r.load.filter((x) => x.status === 201).map((x) => x.key));
-  const lost = new Set(
+  const unconfirmed = new Set(
     [...r.log.unconfirmed.entries()]
       .filter(([id, u]) => id.startsWith('complete ') && u.pid === killedPid && u.outcome === undefined)
       .map(([id]) => id.slice('complete '.length))
       .filter((key) => answered.has(key)),
   );
-  expect(lost.size).toBeGreaterThan(0);
+  expect(unconfirmed.size).toBeGreaterThan(0);
+  // Unconfirmed is not lost: the replica may still have received the completion after WAIT gave up and before the
+  // failover. Such a key's first resend is a replay (checked below with the others); the rest were lost.
+  const firstResend = new Map<string, boolean>();
+  for (const x of [...r.resentEarly, ...r.resentLate])
+    if (!firstResend.has(x.key)) firstResend.set(x.key, x.replayed);
+  const lost = new Set([...unconfirmed].filter((key) => firstResend.get(key) !== true));
+  console.log(`owner killed: ${unconfirmed.size} unconfirmed completions, ${lost.size} lost by the failover`);
   const twice = new Set(
     [...r.log.executions].filter(([key, count]) => count > 1 && lost.has(key)).map(([key]) => key),
   );
@@ -305,8 +365,10 @@ test('the remaining case: the owner dies before its completion is confirmed and 
     if (leaseSurelyLive || x.status !== 409)
       expect([x.key, x.status, x.replayed]).toEqual([x.key, leaseSurelyLive ? 409 : 201, false]);
   }
+  // After the lease: the second run, or its replay if the early retry (already past the lease) was that run.
+  const ranEarly = new Set(r.resentEarly.filter((x) => x.status === 201 && !x.replayed).map((x) => x.key));
   for (const x of r.resentLate.filter((x) => lost.has(x.key)))
-    expect([x.key, x.status, x.replayed]).toEqual([x.key, 201, false]);
+    expect([x.key, x.status, x.replayed]).toEqual([x.key, 201, ranEarly.has(x.key)]);
   expect(twice).toEqual(lost);
   // Nothing else ran twice: every other 2xx key (the live app's, and the killed app's confirmed ones) replays.
   for (const x of r.load.filter((x) => x.status === 201 && !lost.has(x.key)))

@@ -21,7 +21,7 @@ import Redis from 'ioredis';
 // executions are counted per key from a file the app processes append to. Run once with
 // waitForReplicas: { replicas: 1 } and once without. Two replicas, not one: with one, the promoted primary has no
 // replica left, and waitForReplicas: { replicas: 1 } fails every reservation (503) until one is back.
-jest.setTimeout(110_000);
+jest.setTimeout(150_000);
 
 const APPS = 3;
 const LOOPS_PER_APP = 4;
@@ -29,6 +29,7 @@ const REQUEST_BOUND_MS = 10_000;
 
 interface Sent {
   key: string;
+  url: string;
   status: number; // 0: no answer within REQUEST_BOUND_MS, or the connection failed
   replayed: boolean;
   sentAt: number;
@@ -47,19 +48,22 @@ async function send(url: string, key: string, body: object = {}): Promise<Sent> 
     await res.arrayBuffer();
     return {
       key,
+      url,
       status: res.status,
       replayed: res.headers.get('idempotent-replayed') === 'true',
       sentAt,
       doneAt: Date.now(),
     };
   } catch {
-    return { key, status: 0, replayed: false, sentAt, doneAt: Date.now() };
+    return { key, url, status: 0, replayed: false, sentAt, doneAt: Date.now() };
   }
 }
 
 interface RunResult {
   load: Sent[];
   resent: Sent[];
+  /** Retries answered 503 (or not at all) before their last answer. */
+  resent503: number;
   killedAt: number;
   promotedAt: number;
   /** Keys answered 2xx before the kill whose record the promoted replica does not have. */
@@ -69,6 +73,8 @@ interface RunResult {
   numsubAfter: number;
   waitModeAfter: Sent[];
 }
+
+const answeredCount = (load: readonly Sent[]): number => load.filter((r) => r.status === 201).length;
 
 async function failoverRun(label: string, waitReplicas: number): Promise<RunResult> {
   const dir = mkdtempSync(join(tmpdir(), 'oncely-failover-'));
@@ -121,7 +127,11 @@ async function failoverRun(label: string, waitReplicas: number): Promise<RunResu
         }
       }),
     );
-    await sleep(1500);
+    // At least 1.5 s of load, and more than 100 keys answered before the failover: a loaded machine serves fewer a
+    // second, and a failover under too little load proves little.
+    const loadFrom = Date.now();
+    while (Date.now() - loadFrom < 30_000 && (Date.now() - loadFrom < 1500 || answeredCount(load) <= 100))
+      await sleep(50);
 
     // The replica stops receiving (paused, its link cut) while the primary keeps acknowledging; then the primary dies.
     for (const replica of replicas) replica.pause();
@@ -136,10 +146,12 @@ async function failoverRun(label: string, waitReplicas: number): Promise<RunResu
     );
     const promotedAt = Date.now();
     const promoted = replicas.find((r) => r.port === promotedPort) as (typeof replicas)[number];
-    // Keep the load on until requests sent after the promotion succeed again, then a little longer.
+    // Keep the load on until every app process answers requests sent after the promotion again (each client finds
+    // the new primary on its own schedule), then a little longer.
     const deadline = Date.now() + 20_000;
-    while (Date.now() < deadline && !load.some((r) => r.status === 201 && r.sentAt > promotedAt))
-      await sleep(50);
+    const back = (url: string) =>
+      load.some((r) => r.url === url && r.status === 201 && r.sentAt > promotedAt);
+    while (Date.now() < deadline && !urls.every(back)) await sleep(50);
     await sleep(1000);
     running = false;
     await Promise.all(loops);
@@ -157,11 +169,26 @@ async function failoverRun(label: string, waitReplicas: number): Promise<RunResu
       inspect.disconnect();
     }
 
-    // The retry: every key answered 2xx, before, during and after the failover, sent again.
+    // The retry: every key answered 2xx, before, during and after the failover, sent again. A 503 (or no answer) is
+    // what a client meets while the store is still settling, and it retries, as clients do: the last answer counts.
     const resent: Sent[] = [];
+    let resent503 = 0;
     for (let i = 0; i < answered.length; i += 50) {
       const batch = answered.slice(i, i + 50);
-      resent.push(...(await Promise.all(batch.map((r, j) => send(urls[(i + j) % APPS] as string, r.key)))));
+      resent.push(
+        ...(await Promise.all(
+          batch.map(async (r, j) => {
+            const retryUntil = Date.now() + 20_000;
+            let x = await send(urls[(i + j) % APPS] as string, r.key);
+            while ((x.status === 503 || x.status === 0) && Date.now() < retryUntil) {
+              resent503++;
+              await sleep(200);
+              x = await send(urls[(i + j) % APPS] as string, r.key);
+            }
+            return x;
+          }),
+        )),
+      );
     }
 
     // Wait mode after the failover: the stores' subscribers followed to the new primary.
@@ -182,6 +209,7 @@ async function failoverRun(label: string, waitReplicas: number): Promise<RunResu
     return {
       load,
       resent,
+      resent503,
       killedAt,
       promotedAt,
       missingOnPromoted,
@@ -212,6 +240,7 @@ function summary(label: string, r: RunResult): Record<string, number> {
     resentReplayed: r.resent.filter((x) => x.status === 201 && x.replayed).length,
     resentRanAgain: r.resent.filter((x) => x.status === 201 && !x.replayed).length,
     resent409: r.resent.filter((x) => x.status === 409).length,
+    resentRetriedAfter503: r.resent503,
     keysExecutedTwice: twice,
     promotionMs: r.promotedAt - r.killedAt,
     backAfterKillMs: firstBack - r.killedAt,

@@ -10,7 +10,16 @@ import Redis from 'ioredis';
  * that arrives together with MONITOR's own reply as a reply ("Command queue state error", a flaky CI run). A closing
  * ECHO with a unique text marks the end: MONITOR delivers in order, so once it shows, so has the rest.
  */
-export async function commandsDuring(url: string, work: () => Promise<unknown>): Promise<string[]> {
+export async function commandsDuring(
+  url: string,
+  work: () => Promise<unknown>,
+  onlyFrom?: Redis,
+): Promise<string[]> {
+  // Only this client's commands, when given: a store of an earlier test may still re-send a write in the background.
+  const address =
+    onlyFrom === undefined
+      ? undefined
+      : /addr=(\S+)/.exec(String(await onlyFrom.call('client', 'info')))?.[1];
   // Connected before MONITOR starts, so its own handshake is not in the list.
   const marker = new Redis(url);
   await marker.ping();
@@ -37,6 +46,7 @@ export async function commandsDuring(url: string, work: () => Promise<unknown>):
       const match = /^\d+\.\d+ \[\d+ ([^\]]+)\] "([^"]*)"/.exec(line);
       if (match === null || match[1] === 'lua') return;
       if (line.includes(end)) return ended();
+      if (address !== undefined && match[1] !== address) return;
       const name = String(match[2]).toLowerCase();
       if (name !== 'ping') commands.push(name);
     });

@@ -15,7 +15,8 @@ import { commandsDuring } from './monitor';
 // which is how a reservation or completion that fewer replicas confirmed is produced.
 jest.setTimeout(60_000);
 
-const WAIT_TIMEOUT = 200;
+// Long enough for a replica on a loaded machine to confirm; the cases with a paused replica wait it out.
+const WAIT_TIMEOUT = 1000;
 let primary: PrivateRedis;
 let replica: PrivateRedis;
 
@@ -141,11 +142,15 @@ test('each confirmation goes out with its script call: one WAIT right after each
   const client = new Redis(primary.url);
   const store = new RedisStore({ client, prefix: 'order:', waitForReplicas: { replicas: 1, timeout: 500 } });
   await store.acquire('warm', { fingerprint: 'f', lockTimeoutMs: 5000 }); // scripts loaded
-  const commands = await commandsDuring(primary.url, async () => {
-    const acquired = await store.acquire('k', { fingerprint: 'f', lockTimeoutMs: 5000 });
-    if (acquired.status !== 'acquired') throw new Error('expected acquired');
-    await store.complete('k', acquired.token, { status: 200, headers: {}, body: Buffer.from('x') }, 60_000);
-  });
+  const commands = await commandsDuring(
+    primary.url,
+    async () => {
+      const acquired = await store.acquire('k', { fingerprint: 'f', lockTimeoutMs: 5000 });
+      if (acquired.status !== 'acquired') throw new Error('expected acquired');
+      await store.complete('k', acquired.token, { status: 200, headers: {}, body: Buffer.from('x') }, 60_000);
+    },
+    client,
+  );
   expect(commands).toEqual(['evalsha', 'wait', 'evalsha', 'wait']);
   await store.close();
   client.disconnect();
@@ -161,9 +166,13 @@ test('with waitForReplicas a conflict is one EVALSHA, sent before the WAIT: no S
   await store.acquire('warm', { fingerprint: 'f', lockTimeoutMs: 5000 }); // scripts loaded
   expect((await store.acquire('held', { fingerprint: 'f', lockTimeoutMs: 5000 })).status).toBe('acquired');
   let second: Awaited<ReturnType<RedisStore['acquire']>> | undefined;
-  const commands = await commandsDuring(primary.url, async () => {
-    second = await store.acquire('held', { fingerprint: 'f', lockTimeoutMs: 5000 });
-  });
+  const commands = await commandsDuring(
+    primary.url,
+    async () => {
+      second = await store.acquire('held', { fingerprint: 'f', lockTimeoutMs: 5000 });
+    },
+    client,
+  );
   expect(second?.status).toBe('in_progress');
   // With a SET first (3b5f598), the script followed the turn's WAIT and waited out its timeout behind it.
   expect(commands).toEqual(['evalsha', 'wait']);
@@ -175,12 +184,18 @@ test('one WAIT confirms every reservation of an event-loop turn (group confirmat
   const client = new Redis(primary.url);
   const store = new RedisStore({ client, prefix: 'group:', waitForReplicas: { replicas: 1, timeout: 500 } });
   await store.acquire('warm', { fingerprint: 'f', lockTimeoutMs: 5000 }); // scripts loaded
-  const commands = await commandsDuring(primary.url, async () => {
-    const results = await Promise.all(
-      Array.from({ length: 20 }, (_, i) => store.acquire(`g${i}`, { fingerprint: 'f', lockTimeoutMs: 5000 })),
-    );
-    expect(results.every((r) => r.status === 'acquired')).toBe(true);
-  });
+  const commands = await commandsDuring(
+    primary.url,
+    async () => {
+      const results = await Promise.all(
+        Array.from({ length: 20 }, (_, i) =>
+          store.acquire(`g${i}`, { fingerprint: 'f', lockTimeoutMs: 5000 }),
+        ),
+      );
+      expect(results.every((r) => r.status === 'acquired')).toBe(true);
+    },
+    client,
+  );
   expect(commands).toEqual([...Array(20).fill('evalsha'), 'wait']);
   await store.close();
   client.disconnect();

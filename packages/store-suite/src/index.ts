@@ -1,6 +1,13 @@
+/**
+ * The conformance suite of oncely's `IdempotencyStore`: {@link storeSuite} runs it on your own store, with jest,
+ * vitest, mocha or `node:test`.
+ *
+ * @module @oncely/store-suite
+ */
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import type { IdempotencyStore, StoredResponse } from '@oncely/core';
+import { stepsTests } from './steps';
 
 /**
  * The four functions the suite needs from your test runner. It calls no globals, so any runner that has them works:
@@ -8,7 +15,9 @@ import type { IdempotencyStore, StoredResponse } from '@oncely/core';
  * with `before: beforeAll, after: afterAll`.
  */
 export interface TestRunner {
+  /** Groups tests: `body` declares them, synchronously. */
   describe(name: string, body: () => void): unknown;
+  /** Declares one test: it passes when `body` resolves, and fails when it rejects. */
   test(name: string, body: () => Promise<void>): unknown;
   /** Runs once before the suite's tests (jest's and vitest's `beforeAll`). */
   before(body: () => Promise<void>): unknown;
@@ -16,6 +25,7 @@ export interface TestRunner {
   after(body: () => Promise<void>): unknown;
 }
 
+/** Options of {@link storeSuite}: how to name the suite, and make and tear down the store under test. */
 export interface StoreSuiteOptions {
   /** Names the suite: `<name>: store contract`. */
   name: string;
@@ -60,8 +70,10 @@ function assertSameBytes(actual: Uint8Array, expected: Uint8Array): void {
 
 /**
  * The conformance suite of `IdempotencyStore`: the atomic steps (`acquire`, `complete`, `release`, `renew`), their
- * fencing, leases and TTLs, and `get`, `delete` and `waitFor` where the store has them. Every store of the oncely
- * repository runs it. Each test uses fresh random keys, so a store that shares a server with other tests never
+ * fencing, leases and TTLs, and `get`, `delete` and `waitFor` where the store has them; and, where the store has
+ * `recordStep`, recorded steps: their fencing, the `released` state, resuming, expiry. On a store without
+ * `recordStep` those tests pass without checking anything, and the suite says so once (a runner-agnostic suite
+ * cannot mark a test skipped). Every store of the oncely repository runs it. Each test uses fresh random keys, so a store that shares a server with other tests never
  * needs a flush. Assertions are `node:assert`'s: any runner reports them as failures.
  *
  * ```ts
@@ -433,6 +445,24 @@ export function storeSuite(runner: TestRunner, options: StoreSuiteOptions): void
         store.waitFor.bind(store),
       );
       assert.equal((await store.acquire(k, lock)).status, 'acquired');
+    });
+
+    let noted = false;
+    describe('recordStep, when the store has it', () => {
+      stepsTests({
+        test,
+        store: () => store,
+        key,
+        shortMs,
+        noteSkipped() {
+          if (noted) return;
+          noted = true;
+          console.warn(
+            `@oncely/store-suite: ${options.name} has no recordStep, so its recordStep tests checked nothing ` +
+              '(step() is refused on this store). Implement recordStep to run them.',
+          );
+        },
+      });
     });
   });
 }

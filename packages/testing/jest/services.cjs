@@ -8,11 +8,15 @@
 //    */
 // Names: redis, postgres, rabbitmq, nats (servers at the URLs below), redis-server (the binaries, for tests that
 // start private Redis servers), postgres-server (initdb, postgres and pg_isready, and as root the postgres user, for
-// tests that start private PostgreSQL servers), chromium (the browser, for tests that drive it headless). A file without the tag
-// needs nothing.
+// tests that start private PostgreSQL servers), chromium (the browser, for tests that drive it headless),
+// sqs-server (what startSqsServer() needs: fauxqs and a Node 22.5+ to run it, or the server SQS_ENDPOINT names),
+// mariadb (MariaDB or MySQL at MYSQL_URL, root without password and database `test` by default), mariadb-server
+// (mariadbd or mysqld and mariadb-install-db or mysql_install_db, for tests that start private MariaDB servers).
+// A file without the tag needs nothing.
 const { existsSync, readdirSync, readFileSync } = require('node:fs');
 const { connect } = require('node:net');
 const { delimiter, join } = require('node:path');
+const { sqsServerProblem } = require('./sqs-server-node.cjs');
 
 const START = 'start it: bash scripts/services.sh (Debian/Ubuntu), or docker compose up -d';
 
@@ -69,8 +73,40 @@ function postgresUser() {
   }
 }
 
+/** A MariaDB binary on PATH or in /usr/sbin (where Debian puts the server, often not on a user's PATH). */
+function mariadbBinary(...names) {
+  return names.some((binary) => onPath(binary) || existsSync(join('/usr/sbin', binary)));
+}
+
 /** Debian's Chromium, where its package puts it. */
 const CHROMIUM = '/usr/bin/chromium';
+
+/**
+ * The SQS test server: the one SQS_ENDPOINT names, if set (it must answer HTTP); else fauxqs, which each test file
+ * starts for itself, and the Node 22.5+ it runs on.
+ * @returns {Service}
+ */
+function sqsServer(env) {
+  const named = env.SQS_ENDPOINT;
+  if (named !== undefined && named !== '') {
+    const target = address(named, named.startsWith('https:') ? 443 : 80);
+    return {
+      name: 'sqs-server',
+      where: `${target.host}:${target.port} (SQS_ENDPOINT)`,
+      check: () =>
+        probe(target, `GET / HTTP/1.0\r\nHost: ${target.host}\r\n\r\n`, (data) =>
+          data.toString('latin1').startsWith('HTTP/') ? undefined : 'answered, but not HTTP',
+        ),
+      start: 'start it: docker compose up -d sqs, or npm run sqs-server; or unset SQS_ENDPOINT',
+    };
+  }
+  return {
+    name: 'sqs-server',
+    where: 'fauxqs on a Node 22.5+ (SQS_ENDPOINT unset)',
+    check: async () => sqsServerProblem(env),
+    start: 'then check with: bash scripts/services.sh --check',
+  };
+}
 
 /** @returns {Record<string, Service>} */
 function services(env = process.env) {
@@ -78,6 +114,7 @@ function services(env = process.env) {
   const postgres = address(env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test', 5432);
   const rabbitmq = address(env.AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672', 5672);
   const nats = address(env.NATS_URL ?? '127.0.0.1:4222', 4222);
+  const mariadb = address(env.MYSQL_URL ?? 'mysql://root@127.0.0.1:3306/test', 3306);
   const at = ({ host, port }, variable) => `${host}:${port} (${variable})`;
   return {
     redis: {
@@ -125,6 +162,21 @@ function services(env = process.env) {
         }),
       start: `${START} nats`,
     },
+    mariadb: {
+      name: 'mariadb',
+      where: at(mariadb, 'MYSQL_URL'),
+      // A MySQL server speaks first: a packet (3-byte length, sequence 0) holding the handshake, protocol 10, or
+      // an error packet (0xff) when it refuses this host.
+      check: () =>
+        probe(mariadb, undefined, (data) => {
+          if (data.length < 5 || data[3] !== 0) return 'answered, but not as MySQL or MariaDB';
+          if (data[4] === 0x0a) return undefined;
+          if (data[4] === 0xff)
+            return `refused: ${data.subarray(data[7] === 0x23 ? 13 : 7).toString('utf8')}`;
+          return 'answered, but not as MySQL or MariaDB';
+        }),
+      start: `${START} mariadb`,
+    },
     'redis-server': {
       name: 'redis-server',
       where: 'PATH',
@@ -145,6 +197,21 @@ function services(env = process.env) {
       start:
         'install it: bash scripts/services.sh (Debian/Ubuntu: packages postgresql and postgresql-client)',
     },
+    'mariadb-server': {
+      name: 'mariadb-server',
+      where: 'PATH or /usr/sbin',
+      check: async () => {
+        const missing = [
+          ['mariadbd', 'mysqld'],
+          ['mariadb-install-db', 'mysql_install_db'],
+        ]
+          .filter((names) => !mariadbBinary(...names))
+          .map((names) => names.join(' or '));
+        return missing.length === 0 ? undefined : `${missing.join(', ')} not found`;
+      },
+      start: 'install it: bash scripts/services.sh (Debian/Ubuntu: package mariadb-server)',
+    },
+    'sqs-server': sqsServer(env),
     chromium: {
       name: 'chromium',
       where: `${CHROMIUM} or PATH`,

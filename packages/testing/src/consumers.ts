@@ -1,4 +1,5 @@
 import type { ChildProcess } from 'node:child_process';
+import { currentIdempotency } from '@oncely/core';
 import { spawnSource } from './processes';
 
 export const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -30,4 +31,42 @@ export async function startConsumerProcess(
   const line = await firstLine('was not ready');
   if (line.trim() !== 'ready') throw new Error(`${script} printed ${JSON.stringify(line)} instead of ready`);
   return { pid: child.pid as number, child, kill };
+}
+
+/** What `resumingWork()` saw on each delivery. */
+export interface ResumingDelivery {
+  /** What step `a` returned. */
+  a: unknown;
+  /** `keyFor('a')`. */
+  keyFor: string;
+  /** The context's `db`. */
+  db: unknown;
+}
+
+/**
+ * A consumer's work for the steps cases: through `currentIdempotency()`, runs step `a` (counted, returning
+ * `{ n }`), throws on the first delivery, and on a later one runs step `b` (counted, returning nothing). Counts
+ * deliveries and each step's runs, and keeps what each delivery saw. Throws when there is no context.
+ */
+export function resumingWork(): {
+  work: () => Promise<{ a: unknown }>;
+  runs: { deliveries: number; a: number; b: number };
+  seen: ResumingDelivery[];
+} {
+  const runs = { deliveries: 0, a: 0, b: 0 };
+  const seen: ResumingDelivery[] = [];
+  const work = async (): Promise<{ a: unknown }> => {
+    const delivery = ++runs.deliveries;
+    await sleep(1);
+    const context = currentIdempotency();
+    if (context === undefined) throw new Error('currentIdempotency() is undefined in the work');
+    const a = await context.step('a', () => ({ n: ++runs.a }));
+    seen.push({ a, keyFor: context.keyFor('a'), db: context.db });
+    if (delivery === 1) throw new Error('failed after step a');
+    await context.step('b', async () => {
+      runs.b++;
+    });
+    return { a };
+  };
+  return { work, runs, seen };
 }

@@ -5,6 +5,7 @@ import request from 'supertest';
 import { binaryParser, expectLeavingClientReleased, http1Post } from './harness-helpers';
 import { handlerFailuresSuite } from './http-suite-failures';
 import { nestedRegistrationsSuite } from './http-suite-nested';
+import { stepsSuite } from './http-suite-steps';
 import {
   type AdapterHarness,
   type RedisClientLike,
@@ -881,5 +882,6 @@ export function httpBehaviourSuite(harness: AdapterHarness): void {
 
     nestedRegistrationsSuite(harness);
     handlerFailuresSuite(harness);
+    stepsSuite(harness);
   });
 }

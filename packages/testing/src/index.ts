@@ -4,7 +4,15 @@ export {
   runRootScript,
   runRootScriptToEnd,
 } from './commands';
-export { type ConsumerProcess, sleep, startConsumerProcess, waitUntil } from './consumers';
+export { type CommitCut, type CommitCutter, startCommitCutter } from './commit-cutter';
+export {
+  type ConsumerProcess,
+  type ResumingDelivery,
+  resumingWork,
+  sleep,
+  startConsumerProcess,
+  waitUntil,
+} from './consumers';
 export {
   binaryParser,
   expectLeavingClientReleased,
@@ -36,6 +44,8 @@ export {
   type TestRequest,
 } from './http-suite';
 export { pipeParams, pipeSource, pipeWebSource, REUSED_BYTES, reusedBuffer } from './http-suite-failures';
+export { type StepsAnswer, stepsRoute } from './http-suite-steps';
+export { mariadbBinary, type PrivateMariadb, startMariadbServer } from './mariadb-server';
 export {
   BufferPool,
   delayOf,
@@ -61,6 +71,33 @@ export {
   scopeOf,
 } from './model';
 export {
+  loadOrmTarget,
+  type OrmOrderBody,
+  type OrmSuiteOptions,
+  type OrmSuiteRequest,
+  type OrmSuiteStore,
+  type OrmSuiteTarget,
+  type OrmSuiteTargetModule,
+  type OrmSuiteTargetOptions,
+  ormSuite,
+  ormSuiteApp,
+  ormSuiteId,
+} from './orm-suite';
+export {
+  closeServers,
+  expect503,
+  expectCommitUnknown,
+  type Gate,
+  gate,
+  gatedRoute,
+  killAndRestart,
+  listen,
+  type OutageApp,
+  onceFree,
+  servedAfterResume,
+  until,
+} from './outages';
+export {
   type AppProcess,
   fireAtOnce,
   type SentRequest,
@@ -79,4 +116,29 @@ export {
   startRedis,
   startRedisCluster,
 } from './servers';
+export {
+  createTestQueue,
+  type SqsServer,
+  type SqsServerNode,
+  sqsServerNode,
+  sqsServerProblem,
+  startSqsServer,
+  type TestQueue,
+  type TestQueueOptions,
+} from './sqs-server';
+export {
+  type ChargeProvider,
+  type CrashAnswer,
+  checkCharges,
+  checkCrashRun,
+  checkJournal,
+  checkStepEffects,
+  expectedKeyFor,
+  type JournalEntry,
+  type Killable,
+  killRepeatedly,
+  type ProviderCall,
+  type StepEffect,
+  startChargeProvider,
+} from './steps-crash';
 export { type StoreSuiteOptions, storeContractSuite } from './store-suite';

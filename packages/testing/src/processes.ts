@@ -18,7 +18,11 @@ export interface SourceProcess {
   lines: Interface;
   /** SIGKILL, and wait for the exit. */
   kill(): Promise<void>;
-  /** The first stdout line; rejects if the process exits first or prints nothing within 20 s (`what` names it). */
+  /**
+   * The first stdout line; rejects if the process exits first or prints nothing within 60 s (`what` names it).
+   * Generous: tsx compiles the script and its imports at start, which takes over 20 s when several start at once on
+   * a loaded machine.
+   */
   firstLine(what: string): Promise<string>;
 }
 
@@ -39,8 +43,8 @@ export function spawnSource(script: string, env: Record<string, string>): Source
     new Promise<string>((resolve, reject) => {
       const timer = setTimeout(() => {
         void kill();
-        reject(new Error(`${script} ${what} within 20s`));
-      }, 20_000);
+        reject(new Error(`${script} ${what} within 60s`));
+      }, 60_000);
       const early = (code: number | null, signal: string | null) =>
         reject(new Error(`${script} exited early (${code ?? signal})`));
       child.once('exit', early);
@@ -85,8 +89,9 @@ export interface SentRequest {
 }
 
 /**
- * Fires `total` POSTs at once, spread round-robin over `urls`, keys cycling over `keys`. Every request is issued
- * before any answer is awaited; sockets are capped per server (`maxSockets`) so the OS is not the bottleneck.
+ * Fires `total` POSTs at once, spread round-robin over `urls`, keys cycling over `keys`; a key's requests go to
+ * every server in turn, so duplicates race across processes. Every request is issued before any answer is awaited;
+ * sockets are capped per server (`maxSockets`) so the OS is not the bottleneck.
  */
 export async function fireAtOnce(options: {
   urls: string[];
@@ -102,7 +107,10 @@ export async function fireAtOnce(options: {
     return await Promise.all(
       Array.from({ length: options.total }, (_, i) => {
         const key = options.keys[i % options.keys.length] as string;
-        const url = new URL(options.path, options.urls[i % options.urls.length]);
+        // Each pass over the keys starts one server further on, so a key's duplicates reach every server (with
+        // `i % urls.length`, a key count that the server count divides would pin each key to one server).
+        const server = (i + Math.floor(i / options.keys.length)) % options.urls.length;
+        const url = new URL(options.path, options.urls[server]);
         return new Promise<SentRequest>((resolve, reject) => {
           const req = request(
             url,

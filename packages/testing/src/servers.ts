@@ -22,7 +22,11 @@ export function freePort(): Promise<number> {
   });
 }
 
-async function waitFor(check: () => Promise<boolean>, what: string, timeoutMs = 15_000): Promise<void> {
+export async function waitFor(
+  check: () => Promise<boolean>,
+  what: string,
+  timeoutMs = 15_000,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     if (await check().catch(() => false)) return;
@@ -183,7 +187,7 @@ function childrenOf(pid: number): number[] {
   return children;
 }
 
-function signal(pid: number, name: NodeJS.Signals): void {
+export function signal(pid: number, name: NodeJS.Signals): void {
   try {
     process.kill(pid, name);
   } catch {

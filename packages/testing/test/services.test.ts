@@ -26,6 +26,9 @@ const signs: Record<string, RegExp> = {
   rabbitmq: /AMQP_URL|from 'amqplib'|example:amqp/,
   nats: /NATS_URL|@nats-io\//,
   chromium: /from 'playwright-core'|chromium\.launch\(/,
+  'sqs-server': /startSqsServer\(/,
+  mariadb: /MYSQL_URL|127\.0\.0\.1:3306/,
+  'mariadb-server': /startMariadbServer\(/,
 };
 
 describe('@services tags', () => {
@@ -101,11 +104,33 @@ describe('service probes', () => {
       DATABASE_URL: `postgres://x@127.0.0.1:${otherPort}/test`,
       AMQP_URL: `amqp://127.0.0.1:${otherPort}`,
       NATS_URL: `nats://127.0.0.1:${otherPort}`,
+      MYSQL_URL: `mysql://root@127.0.0.1:${otherPort}/test`,
     });
     expect(await known.redis?.check()).toMatch(/^answered "HTTP\/1.1 400 Bad Request" to PING$/);
     expect(await known.postgres?.check()).toBe('answered, but not as PostgreSQL');
     expect(await known.rabbitmq?.check()).toBe('answered, but not as an AMQP 0-9-1 broker');
     expect(await known.nats?.check()).toBe('answered, but not as NATS');
+    expect(await known.mariadb?.check()).toBe('answered, but not as MySQL or MariaDB');
+  });
+
+  test('a MariaDB that refuses this host is reported with its message', async () => {
+    const refusals = new Set<Socket>();
+    // What mariadbd sends a host it does not allow: an error packet (0xff, code 1130, no SQL state).
+    const message = "Host '10.0.0.9' is not allowed to connect to this MariaDB server";
+    const body = Buffer.concat([Buffer.from([0xff, 0x6a, 0x04]), Buffer.from(message)]);
+    const header = Buffer.from([body.length & 0xff, (body.length >> 8) & 0xff, 0, 0]);
+    const refusing = createServer((socket) => {
+      refusals.add(socket);
+      socket.end(Buffer.concat([header, body]));
+    });
+    await new Promise<void>((resolve) => refusing.listen(0, '127.0.0.1', resolve));
+    try {
+      const port = (refusing.address() as { port: number }).port;
+      expect(await services({ MYSQL_URL: `127.0.0.1:${port}` }).mariadb?.check()).toBe(`refused: ${message}`);
+    } finally {
+      for (const socket of refusals) socket.destroy();
+      await new Promise((resolve) => refusing.close(resolve));
+    }
   });
 
   test('NATS without JetStream is reported as such', async () => {
@@ -168,19 +193,28 @@ describe('compose.yaml', () => {
     const compose = readFileSync(join(root, 'compose.yaml'), 'utf8');
     const workflow = readFileSync(join(root, '.github/workflows/ci.yml'), 'utf8');
     const images = (text: string) => [...text.matchAll(/image: (\S+)/g)].map((match) => match[1]);
+    // Each image once: the Node 20/24 job uses the same Redis image as the full one.
     const ciImages = [
-      ...images(workflow),
-      ...[...workflow.matchAll(/docker run .* (nats:\S+)/g)].map((m) => m[1]),
+      ...new Set([
+        ...images(workflow),
+        ...[...workflow.matchAll(/docker run .* (nats:\S+)/g)].map((m) => m[1]),
+      ]),
     ];
-    expect(images(compose).sort()).toEqual(ciImages.sort());
+    // Plus fauxqs, which CI does not run as a container: each SQS test file starts it from npm.
+    expect(images(compose).sort()).toEqual([...ciImages, 'kibertoad/fauxqs:2.4.1'].sort());
+    const fauxqs = JSON.parse(readFileSync(join(root, 'packages/testing/package.json'), 'utf8'))
+      .devDependencies.fauxqs as string;
+    expect(compose).toContain(`image: kibertoad/fauxqs:${fauxqs}`);
 
     const known = services({});
-    for (const name of ['redis', 'postgres', 'rabbitmq', 'nats']) {
+    for (const name of ['redis', 'postgres', 'mariadb', 'rabbitmq', 'nats']) {
       const port = /:(\d+) \(/.exec(known[name]?.where ?? '')?.[1];
       const published = new RegExp(
         `\\n  ${name}:\\n(?:    .*\\n|\\n)*?    ports: \\["127\\.0\\.0\\.1:${port}:${port}"\\]`,
       );
       expect({ name, published: published.test(compose) }).toEqual({ name, published: true });
     }
+    // SQS_ENDPOINT's port in the messages that tell people to run it.
+    expect(compose).toMatch(/\n {2}sqs:\n(?: {4}.*\n)*? {4}ports: \["127\.0\.0\.1:4566:4566"\]/);
   });
 });

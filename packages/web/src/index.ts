@@ -1,3 +1,9 @@
+/**
+ * Idempotency-Key for any web-standard fetch handler, `(Request) => Response`: Node, Bun, Deno, Next.js route
+ * handlers. `withIdempotency(handler, options)` makes a retried request take effect once.
+ *
+ * @module @oncely/web
+ */
 import {
   Idempotency,
   type IdempotencyContext,

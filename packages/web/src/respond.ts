@@ -1,7 +1,13 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Idempotency, IdempotencyContext, Logger, StoredResponse } from '@oncely/core';
 import { InvalidValueError } from '@oncely/core';
-import { conflictingOptions, type Execution, type Registration, refuseNested } from '@oncely/core/adapter';
+import {
+  conflictingOptions,
+  type Execution,
+  type LeaseSettings,
+  type Registration,
+  refuseNested,
+} from '@oncely/core/adapter';
 
 /** What `respondOnce` needs to know about one request. */
 export interface WebExchange<Req> {
@@ -38,6 +44,8 @@ export interface WebExchange<Req> {
    * a wrapped handler) can tell whether it may leave the request to this one. Without it, no such check is made.
    */
   registration?: Registration<Req>;
+  /** This request's lease settings (a Lambda invocation's deadline), over the `lockTimeout` option. */
+  lease?: LeaseSettings;
 }
 
 /** The registration that took a request, as a nested one meets it (`holding`). */
@@ -79,6 +87,7 @@ export function registrationMade(): void {
 
 /** What `run` returns when the handler failed but the framework already turned the error into a response. */
 export class HandlerFailure {
+  /** Pairs the handler's error with the response the framework made of it. */
   constructor(
     /** The handler's error: the key is released, so a retry runs again. */
     readonly error: unknown,
@@ -92,8 +101,11 @@ export class HandlerFailure {
  * them): they are stored as they are, and the response goes out untouched, its body stream never read.
  */
 export class KnownBody {
+  /** Pairs the response with the bytes of its body. */
   constructor(
+    /** The response, sent untouched. */
     readonly response: Response,
+    /** The bytes of the response's body, which are stored. */
     readonly body: Uint8Array,
   ) {}
 }
@@ -149,6 +161,7 @@ export async function respondOnce<Req>(
       headers: headers ?? Object.fromEntries(request.headers),
       body,
       request: exchange.target,
+      lease: exchange.lease,
     },
     log,
   );
@@ -170,7 +183,7 @@ export async function respondOnce<Req>(
   // The client left while the store was asked: the handler does not run for nobody (the engine's answer goes
   // nowhere), and the key is released, so the client's retry runs it.
   if (gone) return toResponse(await execution.clientGone());
-  const context: IdempotencyContext = { key: execution.clientKey, db: execution.db };
+  const context: IdempotencyContext = execution.context;
   let holder: Holder | undefined;
   if (exchange.registration !== undefined && nesting.made > 1) {
     holder = {
@@ -184,7 +197,11 @@ export async function respondOnce<Req>(
   }
   let response: Response | HandlerFailure | KnownBody;
   try {
-    response = await (holder === undefined ? run(context) : nesting.holding.run(holder, run, context));
+    // Inside the execution's context: currentIdempotency() answers in the handler (web) or the middlewares after
+    // this one (Hono), after any await.
+    response = await execution.run(() =>
+      holder === undefined ? run(context) : nesting.holding.run(holder, run, context),
+    );
     if (holder?.refused !== undefined) {
       // A registration nearer the handler refused it: that answer is sent, and nothing is stored.
       await execution.fail(holder.refused);

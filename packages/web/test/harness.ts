@@ -9,11 +9,12 @@ import {
   reusedBuffer,
   routeCounts,
   serveTestApp,
+  stepsRoute,
   type TestApp,
   type TestAppOptions,
   viewOptions,
 } from '@oncely/testing';
-import { idempotencyKeyOf, withIdempotency } from '../src';
+import { idempotencyKeyOf, idempotencyOf, withIdempotency } from '../src';
 
 const later = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -97,6 +98,10 @@ export function webHarness(name: string): AdapterHarness {
         if (path === '/reused') {
           count('reused');
           return new Response(reusedBuffer(), { headers: { 'content-type': 'application/octet-stream' } });
+        }
+        if (path === '/steps') {
+          const answer = await stepsRoute(idempotencyOf(request), url.searchParams, count);
+          return Response.json(answer.body, { status: answer.status });
         }
         return new Response('not found', { status: 404 });
       };

@@ -1,5 +1,9 @@
-// `@oncely/core/adapter`: what adapter, store and consumer-wrapper authors need, beside what `@oncely/core` gives
-// every app. An app does not import from here.
+/**
+ * `@oncely/core/adapter`: what adapter, store and consumer-wrapper authors need, beside what `@oncely/core` gives
+ * every app. An app does not import from here.
+ *
+ * @module @oncely/core/adapter
+ */
 export {
   CONSUMER_RETRY_OPTIONS,
   type ConsumerRetryOptions,
@@ -40,6 +44,17 @@ export { durationOption } from '../shared/checks';
 export { markOncelyError } from '../shared/errors';
 export { silentLogger } from '../shared/logger';
 export { OBSERVERS, type ObservableOptions, storeKind } from '../shared/observe';
+export type { LeaseSettings } from '../shared/protocol';
+export { commitFailure } from '../stores/commit-failure';
+export { withinDeadline } from '../stores/deadline';
+export { type PurgeOptions, type Reaper, type ReaperOptions, startReaper } from '../stores/reaper';
+export {
+  type OpenSqlTransaction,
+  openSqlTransaction,
+  type SqlResult,
+  type SqlTransactions,
+  transactionOfRequest,
+} from '../stores/sql-transactions';
 export type {
   AcquiredResult,
   AcquireOptions,
@@ -48,6 +63,7 @@ export type {
   IdempotencyRecord,
   IdempotencyStore,
   InProgressResult,
+  RecordedSteps,
   RecordState,
   StoredResponse,
   StoreTransaction,

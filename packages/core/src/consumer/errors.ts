@@ -7,8 +7,11 @@ import { OncelyError } from '../shared/errors';
 
 /** The key is held by a call that is still running (its lease is live). Nothing ran. */
 export class IdempotencyInProgressError extends OncelyError {
+  /** Always `'IdempotencyInProgressError'`. */
   override readonly name = 'IdempotencyInProgressError';
+  /** Builds the error for the held key. */
   constructor(
+    /** The store key that is held. */
     readonly key: string,
     /**
      * Time left on the running call's lease, in ms. The owner renews its lease while it runs, so this is not when
@@ -22,8 +25,13 @@ export class IdempotencyInProgressError extends OncelyError {
 
 /** The key was used before with a different fingerprint (a different message under the same key). Nothing ran. */
 export class IdempotencyMismatchError extends OncelyError {
+  /** Always `'IdempotencyMismatchError'`. */
   override readonly name = 'IdempotencyMismatchError';
-  constructor(readonly key: string) {
+  /** Builds the error for the key. */
+  constructor(
+    /** The store key that was used with another fingerprint. */
+    readonly key: string,
+  ) {
     super(
       `oncely: key ${JSON.stringify(key)} was already used with a different fingerprint; a new message needs a new key.`,
     );
@@ -32,24 +40,39 @@ export class IdempotencyMismatchError extends OncelyError {
 
 /** The key (or fingerprint) function threw, or returned something that is not a usable key. Nothing ran. */
 export class IdempotencyKeyError extends OncelyError {
+  /** Always `'IdempotencyKeyError'`. */
   override readonly name = 'IdempotencyKeyError';
+  /** Builds the error; `message` is prefixed with `oncely: `, and `cause` is what the key function threw. */
   constructor(message: string, options?: { cause?: unknown }) {
     super(`oncely: ${message}`, options);
   }
 }
 
-/** The store failed (or timed out) while reserving the key. Nothing ran; retrying later is safe. */
+/**
+ * The store failed (or timed out). `operation` says where: `'acquire'`, while reserving the key (nothing ran;
+ * retrying later is safe), or `'recordStep'`, while recording the step `step` (its function ran but was not
+ * recorded, so a retry runs it again: pass `keyFor()` to what it calls so a downstream service deduplicates it).
+ */
 export class IdempotencyStoreError extends OncelyError {
+  /** Always `'IdempotencyStoreError'`. */
   override readonly name = 'IdempotencyStoreError';
+  /** With `operation: 'recordStep'`: the step's name. */
+  readonly step: string | undefined;
+  /** Builds the error; `cause` is the store's error, `step` the step's name with `operation: 'recordStep'`. */
   constructor(
+    /** The store key of the call. */
     readonly key: string,
-    readonly operation: 'acquire',
-    options: { cause: unknown },
+    /** Where the store failed: `'acquire'` (nothing ran) or `'recordStep'` (the step ran, unrecorded). */
+    readonly operation: 'acquire' | 'recordStep',
+    options: { cause: unknown; step?: string },
   ) {
     super(
-      `oncely: the store failed during ${operation} for key ${JSON.stringify(key)}; nothing ran, retry later.`,
-      options,
+      operation === 'acquire'
+        ? `oncely: the store failed during acquire for key ${JSON.stringify(key)}; nothing ran, retry later.`
+        : `oncely: the store failed to record step ${JSON.stringify(options.step)} for key ${JSON.stringify(key)}; the step ran but a retry runs it again (pass keyFor() to the services it calls so they deduplicate it).`,
+      { cause: options.cause },
     );
+    this.step = options.step;
   }
 }
 
@@ -60,10 +83,13 @@ export class IdempotencyStoreError extends OncelyError {
  * are compile errors (`JsonStorable`): this is for what the types do not show (a cycle, a value typed `unknown`).
  */
 export class UnstorableResultError extends OncelyError {
+  /** Always `'UnstorableResultError'`. */
   override readonly name = 'UnstorableResultError';
   /** Always `true`: the function ran before its result was found unstorable. */
   readonly executed = true;
+  /** Builds the error; `cause` is what failed to serialise the result, when something threw. */
   constructor(
+    /** The store key of the call. */
     readonly key: string,
     /** Why the result could not be stored, e.g. `'the result is undefined'`. */
     readonly reason: string,
@@ -87,6 +113,7 @@ export class UnstorableResultError extends OncelyError {
  * `message`, `code` and `originalName`.
  */
 export class PermanentError extends OncelyError {
+  /** `'PermanentError'`, or the name of a subclass that sets its own. */
   override readonly name: string = 'PermanentError';
   /** A machine-readable code, kept with the stored failure. */
   readonly code: string | number | undefined;
@@ -95,6 +122,10 @@ export class PermanentError extends OncelyError {
   /** `true` when this error was rebuilt from a stored failure for a duplicate. */
   readonly replayed: boolean;
 
+  /**
+   * Builds the error: `code` is kept with the stored failure, `cause` is the error it wraps. `originalName` and
+   * `replayed` are set by oncely when it rebuilds a stored failure for a duplicate; an app leaves them out.
+   */
   constructor(
     message: string,
     options: { cause?: unknown; code?: string | number; originalName?: string; replayed?: boolean } = {},
@@ -108,8 +139,11 @@ export class PermanentError extends OncelyError {
 
 /** A record under the key could not be read back as a result (written by something else, or not deserialisable). */
 export class IdempotencyReplayError extends OncelyError {
+  /** Always `'IdempotencyReplayError'`. */
   override readonly name = 'IdempotencyReplayError';
+  /** Builds the error; `message` says why the record could not be read, `cause` is what failed to read it. */
   constructor(
+    /** The store key whose record could not be replayed. */
     readonly key: string,
     message: string,
     options?: { cause?: unknown },

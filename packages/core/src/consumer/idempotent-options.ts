@@ -12,6 +12,7 @@ import { HookRunner, type IdempotencyHooks } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
 import { hooksOf, type ObservableOptions, observedStore } from '../shared/observe';
 import { KeyProtocol } from '../shared/protocol';
+import { type StepSettings, stepSettings } from '../shared/steps';
 import type { WarningCode } from '../shared/warnings';
 import { MemoryStore } from '../stores/memory-store';
 import type { IdempotencyStore } from '../stores/store';
@@ -37,7 +38,12 @@ export interface IdempotentOptions<Args extends unknown[], R> extends Observable
   /** Lease of a running call; renewed every third of it while the function runs. Default: `'30s'`. */
   lockTimeout?: Duration;
   /** While the key is held: `'reject'` throws `IdempotencyInProgressError`; `{ wait }` waits that long to replay. */
-  inProgress?: 'reject' | { wait: Duration };
+  inProgress?:
+    | 'reject'
+    | {
+        /** How long to wait for the running holder to finish before answering as `'reject'` would. */
+        wait: Duration;
+      };
   /**
    * How results are stored. Default: JSON, refusing what JSON would not give back (see docs/consumers.md); every
    * call then resolves to the JSON form of the result (`Jsonified<R>`). With a serialiser, to `R`.
@@ -75,6 +81,8 @@ export interface ResolvedIdempotentOptions<Args extends unknown[], R> {
   hooks: HookRunner;
   /** What its calls do with each answer of the store (completion, release, renewal). */
   protocol: KeyProtocol;
+  /** What the steps of its calls share (`step()`). */
+  steps: StepSettings;
 }
 
 const KNOWN_OPTIONS = new Set([
@@ -129,7 +137,7 @@ export function resolveIdempotentOptions<Args extends unknown[], R>(
   const log = o.logger === undefined ? silentLogger : checkLogger(o.logger);
   const hooks = new HookRunner(hooksOf(o) ?? {}, 'consumer', new Set<WarningCode>());
   const store = o.store === undefined ? new MemoryStore() : checkStore(o.store);
-  const resolved: Omit<ResolvedIdempotentOptions<Args, R>, 'protocol'> = {
+  const resolved: Omit<ResolvedIdempotentOptions<Args, R>, 'protocol' | 'steps'> = {
     store: observedStore(store, 'consumer', hooks.hooks, (event) =>
       hooks.run('onStoreOperation', event, log),
     ),
@@ -147,7 +155,8 @@ export function resolveIdempotentOptions<Args extends unknown[], R>(
     log,
     hooks,
   };
-  return { ...resolved, protocol: new KeyProtocol(resolved.store, hooks, resolved.lockTimeoutMs) };
+  const protocol = new KeyProtocol(resolved.store, hooks, resolved.lockTimeoutMs);
+  return { ...resolved, protocol, steps: stepSettings(protocol, resolved.ttlMs, resolved.maxResultBytes) };
 }
 
 function checkSerializer<R>(value: ResultSerializer<R>): ResultSerializer<R> {

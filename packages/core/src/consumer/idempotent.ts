@@ -1,5 +1,7 @@
+import { runInContext } from '../shared/context';
 import { IdempotencyOptionsError } from '../shared/errors';
-import { checkKey, fingerprintOf, Lease, verdictOf, Wait } from '../shared/protocol';
+import { checkKey, fingerprintOf, Lease, type LeaseSettings, verdictOf, Wait } from '../shared/protocol';
+import { ExecutionContext } from '../shared/steps';
 import type {
   AcquiredResult,
   AcquireResult,
@@ -31,6 +33,7 @@ export interface IdempotentOutcome<R> {
    * With the default JSON serialiser, `result` is the JSON round trip of the function's value either way.
    */
   outcome: 'executed' | 'replayed';
+  /** The function's result, or the stored one for a duplicate. */
   result: R;
   /** The store key the call used. */
   key: string;
@@ -109,11 +112,30 @@ export function idempotentOutcome<Args extends unknown[], R>(
   fn: (...args: Args) => R | Promise<R>,
   options: IdempotentOptions<Args, R>,
 ): (...args: Args) => Promise<IdempotentOutcome<R | Jsonified<R>>> {
+  const o = resolveWrapped(fn, options);
+  return (...args: Args) => runOnce(fn, o, args, undefined);
+}
+
+/**
+ * @internal `idempotentOutcome` whose calls each take their own lease settings (the consumer runtime's, from
+ * `decide()`), with the arguments as an array.
+ */
+export function leasedOutcome<Args extends unknown[], R>(
+  fn: (...args: Args) => R | Promise<R>,
+  options: IdempotentOptions<Args, R>,
+): (lease: LeaseSettings | undefined, args: Args) => Promise<IdempotentOutcome<R>> {
+  const o = resolveWrapped(fn, options);
+  return (lease, args) => runOnce(fn, o, args, lease);
+}
+
+function resolveWrapped<Args extends unknown[], R>(
+  fn: (...args: Args) => R | Promise<R>,
+  options: IdempotentOptions<Args, R>,
+): ResolvedIdempotentOptions<Args, R> {
   if (typeof fn !== 'function') {
     throw new IdempotencyOptionsError('fn', `must be the function to wrap; got ${typeof fn}.`);
   }
-  const o = resolveIdempotentOptions(options);
-  return (...args: Args) => runOnce(fn, o, args);
+  return resolveIdempotentOptions(options);
 }
 
 /** `idempotent.withOutcome(fn, options)`: the same as `idempotentOutcome(fn, options)`. */
@@ -123,6 +145,7 @@ async function runOnce<Args extends unknown[], R>(
   fn: (...args: Args) => R | Promise<R>,
   o: ResolvedIdempotentOptions<Args, R>,
   args: Args,
+  lease: LeaseSettings | undefined,
 ): Promise<IdempotentOutcome<R>> {
   // Key and fingerprint come from the arguments as they are now, before fn can change them.
   let key: string;
@@ -138,7 +161,7 @@ async function runOnce<Args extends unknown[], R>(
   let wait: Wait | undefined;
   const acquire = async (): Promise<AcquireResult> => {
     try {
-      return await o.protocol.acquire(key, fingerprint);
+      return await o.protocol.acquire(key, fingerprint, lease?.endsAt);
     } catch (error) {
       o.protocol.acquireFailed(key, error, wait?.start, o.log);
       throw new IdempotencyStoreError(key, 'acquire', { cause: error });
@@ -150,7 +173,7 @@ async function runOnce<Args extends unknown[], R>(
     switch (verdictOf(result, fingerprint, o.fingerprint !== undefined)) {
       case 'acquired':
         o.hooks.decided('executed', key, wait?.start, o.log);
-        return execute(fn, o, args, key, (result as AcquiredResult).token);
+        return execute(fn, o, args, key, result as AcquiredResult, lease);
       case 'completed':
         o.hooks.decided('replayed', key, wait?.start, o.log);
         return {
@@ -169,6 +192,8 @@ async function runOnce<Args extends unknown[], R>(
         }
         throw o.protocol.refusal('in_progress', key, result, wait?.start, o.log);
       case 'mismatch':
+        // A resumed record kept for another fingerprint was acquired all the same: give it back untouched.
+        await o.protocol.giveBack(key, result, o.log);
         throw o.protocol.refusal('mismatch', key, result, wait?.start, o.log);
       default:
         throw o.protocol.refusal('unknown', key, result, wait?.start, o.log);
@@ -197,16 +222,25 @@ async function execute<Args extends unknown[], R>(
   o: ResolvedIdempotentOptions<Args, R>,
   args: Args,
   key: string,
-  token: string,
+  acquired: AcquiredResult,
+  settings: LeaseSettings | undefined,
 ): Promise<IdempotentOutcome<R>> {
-  const lease = new Lease(o.protocol, key, token, o.log);
+  const { token } = acquired;
+  const lease = new Lease(o.protocol, key, token, o.log, settings);
   o.hooks.executionStarted(key, o.log);
+  // fn reads it through currentIdempotency(): step() and keyFor() under this call's key (before any store prefix).
+  const context = new ExecutionContext(key, key, undefined, o.steps, o.log, token, acquired.steps);
   let value: R;
   try {
-    value = await fn(...args);
+    value = await runInContext(context, () => fn(...args));
   } catch (error) {
+    const permanent = isPermanentSafely(o, error);
+    // Before the key is given back, let steps still running (Promise.all beside the step that threw) be recorded,
+    // the lease renewed meanwhile; a permanent failure is completed instead, and completion drops steps.
+    if (permanent) ExecutionContext.finish(context);
+    else await ExecutionContext.finishAfterSteps(context);
     lease.stop();
-    if (isPermanentSafely(o, error)) {
+    if (permanent) {
       await finish(o, key, token, failureRecord(error), 'a permanent failure');
     } else {
       try {
@@ -218,6 +252,7 @@ async function execute<Args extends unknown[], R>(
     o.hooks.executionEnded(key, o.log);
     throw error;
   }
+  ExecutionContext.finish(context);
   lease.stop();
   const encoded = encodeResult(o.serializer, o.maxResultBytes, value);
   if ('reason' in encoded) {

@@ -50,7 +50,10 @@ export type Jsonified<T> =
     ? T
     : [T] extends [JsonValue]
       ? T
-      : T extends { toJSON(...args: never[]): infer J }
+      : T extends {
+            /** The value's own JSON form, which `JSON.stringify` stores in its place. */
+            toJSON(...args: never[]): infer J;
+          }
         ? Jsonified<J>
         : T extends string | number | boolean | null
           ? T
@@ -117,7 +120,10 @@ export type JsonStorable<T> =
   IsAny<T> extends true
     ? T
     : T extends void
-      ? { readonly 'oncely: undefined has no JSON form; return null for "no result"': true }
+      ? {
+          /** A compile error: the result may be `undefined`, which JSON cannot store. */
+          readonly 'oncely: undefined has no JSON form; return null for "no result"': true;
+        }
       : JsonStorableValue<T>;
 
 type JsonStorableValue<T> =

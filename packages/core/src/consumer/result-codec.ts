@@ -8,7 +8,9 @@ import { IdempotencyReplayError, PermanentError, UnstorableResultError } from '.
 export interface ResultSerializer<R> {
   /** Stored as the record's `content-type`. Default: `'application/octet-stream'`. */
   contentType?: string;
+  /** Turns the function's result into the bytes stored. May throw: the result is then unstorable. */
   serialize(result: R): Uint8Array;
+  /** Turns stored bytes back into a result, for a duplicate. May throw: the duplicate gets `IdempotencyReplayError`. */
   deserialize(bytes: Uint8Array): R;
 }
 
@@ -142,18 +144,9 @@ export function encodeResult<R>(
     bytes = out;
   } else {
     if (value === undefined) return { reason: 'the result is undefined (return null for "no result")' };
-    let json: string | undefined;
-    try {
-      json = JSON.stringify(value, strictJson);
-    } catch (error) {
-      if (error instanceof NotJson) return { reason: error.message };
-      const message = messageOf(error);
-      return /circular/i.test(message)
-        ? { reason: 'the result contains a circular reference', cause: error }
-        : { reason: `JSON.stringify failed: ${message}`, cause: error };
-    }
-    if (json === undefined) return { reason: 'the result has no JSON form' };
-    bytes = new TextEncoder().encode(json);
+    const text = jsonText(value);
+    if (!('json' in text)) return text;
+    bytes = new TextEncoder().encode(text.json);
   }
   if (bytes.byteLength > maxResultBytes) {
     return {
@@ -161,6 +154,24 @@ export function encodeResult<R>(
     };
   }
   return { bytes };
+}
+
+/**
+ * The JSON text of a value (not `undefined`), or why JSON would not give it back: a function, symbol, BigInt, Map
+ * or Set anywhere, a cycle, no JSON form at all. The checks of the default serialiser, shared with `step()`.
+ */
+export function jsonText(value: unknown): { json: string } | { reason: string; cause?: unknown } {
+  let json: string | undefined;
+  try {
+    json = JSON.stringify(value, strictJson);
+  } catch (error) {
+    if (error instanceof NotJson) return { reason: error.message };
+    const message = messageOf(error);
+    return /circular/i.test(message)
+      ? { reason: 'the result contains a circular reference', cause: error }
+      : { reason: `JSON.stringify failed: ${message}`, cause: error };
+  }
+  return json === undefined ? { reason: 'the result has no JSON form' } : { json };
 }
 
 class NotJson extends Error {}

@@ -28,8 +28,11 @@ export interface ConsumerRetryOptions {
 
 /** `ConsumerRetryOptions` after validation. */
 export interface ConsumerRetryPolicy {
+  /** Attempts a message gets before it is dead-lettered. */
   maxAttempts: number;
+  /** Delay before a message whose key is held is looked at again, in ms. */
   inProgressDelayMs: number;
+  /** Which errors no retry can fix. */
   isPermanent: (error: unknown) => boolean;
   /** The delay after the `failures`-th failure, in ms (a bad value from a `retryDelay` function falls back to the default). */
   retryDelayMs(failures: number): number;
@@ -38,15 +41,41 @@ export interface ConsumerRetryPolicy {
 /** What to do with a message, in broker-neutral words. */
 export type ConsumerSettlement =
   /** The work is done (now, or by an earlier delivery): acknowledge. */
-  | { action: 'ack'; reason: 'executed' | 'replayed' | 'unstorable' }
+  | {
+      /** What to do with the message. */
+      action: 'ack';
+      /** Why: it ran now, ran before, or ran but its result could not be stored. */
+      reason: 'executed' | 'replayed' | 'unstorable';
+    }
   /** Nothing ran; look at the message again after `delayMs` without counting a failure. */
-  | { action: 'delay'; reason: 'in-progress' | 'store-error'; delayMs: number }
+  | {
+      /** What to do with the message. */
+      action: 'delay';
+      /** Why: its key is held by a running call, or the store failed. */
+      reason: 'in-progress' | 'store-error';
+      /** How long to wait before the message is looked at again, in ms. */
+      delayMs: number;
+    }
   /** The work failed `failures` times so far; try again after `delayMs`. */
-  | { action: 'retry'; reason: 'failed'; delayMs: number; failures: number; error: unknown }
+  | {
+      /** What to do with the message. */
+      action: 'retry';
+      /** Why: the work threw. */
+      reason: 'failed';
+      /** How long to wait before the next attempt, in ms. */
+      delayMs: number;
+      /** How many times the work failed so far, this one included. */
+      failures: number;
+      /** What the work threw. */
+      error: unknown;
+    }
   /** No retry can help: hand the message to the dead-letter destination. */
   | {
+      /** What to do with the message. */
       action: 'dead-letter';
+      /** Why no retry can help. */
       reason: 'permanent' | 'mismatch' | 'invalid-key' | 'missing-key' | 'retries-exhausted';
+      /** The error that decided it, when there is one. */
       error?: unknown;
     };
 

@@ -4,7 +4,7 @@ import { IdempotencyOptionsError } from '../shared/errors';
 import { type DecisionOutcome, HookRunner } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
 import { hooksOf, type ObservableOptions, observedStore } from '../shared/observe';
-import { checkKey, fingerprintOf, KeyProtocol } from '../shared/protocol';
+import { checkKey, fingerprintOf, KeyProtocol, type LeaseSettings } from '../shared/protocol';
 import { tell, type WarningCode } from '../shared/warnings';
 import type { IdempotencyStore, TransactionalIdempotencyStore } from '../stores/store';
 import {
@@ -13,7 +13,7 @@ import {
   IdempotencyMismatchError,
   IdempotencyStoreError,
 } from './errors';
-import { idempotentOutcome } from './idempotent';
+import { leasedOutcome } from './idempotent';
 import {
   CONSUMER_RETRY_OPTIONS,
   type ConsumerRetryOptions,
@@ -34,6 +34,7 @@ export interface ConsumerSettledEvent<M> {
   key: string | undefined;
   /** `ack`: done (or a duplicate); `delay`/`retry`: looked at again later; `dead-letter`: handed to the dead-letter destination. */
   action: ConsumerSettlement['action'];
+  /** Why, as in the settlement: `executed`, `replayed`, `in-progress`, `retries-exhausted`… */
   reason: ConsumerSettlement['reason'];
   /** Failed attempts counted for this message so far (after this delivery). */
   failures: number;
@@ -41,6 +42,7 @@ export interface ConsumerSettledEvent<M> {
   delayMs?: number;
   /** The handler's (or store's) error, when there was one. */
   error?: unknown;
+  /** The message delivered. */
   message: M;
 }
 
@@ -60,7 +62,12 @@ export interface ConsumerOptions<M> extends ConsumerRetryOptions, ObservableOpti
   /** Lease of a message being processed, renewed while the handler runs. Default: `'30s'`. */
   lockTimeout?: Duration;
   /** While another consumer processes the key: `'reject'` delays the message; `{ wait }` waits in-process first. */
-  inProgress?: 'reject' | { wait: Duration };
+  inProgress?:
+    | 'reject'
+    | {
+        /** How long to wait for the running holder to finish before answering as `'reject'` would. */
+        wait: Duration;
+      };
   /** Longest key accepted; longer keys are dead-lettered. Default: `255`. */
   maxKeyLength?: number;
   /** A pino-compatible logger. Default: none. */
@@ -103,7 +110,12 @@ export interface ConsumerBroker<M> {
     key: string,
     fingerprint: string | undefined,
     observe: TransactionObservation,
-  ) => Promise<{ outcome: 'executed' | 'replayed'; result: unknown }>;
+  ) => Promise<{
+    /** `executed`: the work ran in this transaction; `replayed`: a completed record gave its result. */
+    outcome: 'executed' | 'replayed';
+    /** The work's return value, or the stored one for a duplicate. */
+    result: unknown;
+  }>;
 }
 
 /**
@@ -121,7 +133,9 @@ export interface TransactionObservation {
 
 /** One delivery's decision. */
 export interface ConsumerDecision {
+  /** The delivery's idempotency key, or `undefined` when it had none. */
   key: string | undefined;
+  /** How to settle the delivery. */
   settlement: ConsumerSettlement;
   /**
    * With `broker.storeResults`, on `ack` `executed`/`replayed`: the work's return value (this delivery's own run) or
@@ -132,14 +146,23 @@ export interface ConsumerDecision {
 
 /** The consumers' engine, made once per wrapped handler by `consumerRuntime()`. */
 export interface ConsumerRuntime<M> {
+  /** The retry options after validation. */
   readonly policy: ConsumerRetryPolicy;
+  /** The logger given in the options, or one that discards everything. */
   readonly log: Logger;
   /**
    * Decides one delivery, after `failuresBefore` failed attempts of the message: runs the work (the handler, or
    * `work` when the wrapper adds to it) at most once per key across every consumer sharing the store (or, without
-   * a key and with `onMissingKey: 'process'`, unprotected), and says how to settle it. Never rejects.
+   * a key and with `onMissingKey: 'process'`, unprotected), and says how to settle it. `lease` bounds or
+   * accompanies this delivery's lease (Lambda's deadline, an SQS visibility heartbeat); in transactional mode the
+   * open transaction holds the key and it has no effect. Never rejects.
    */
-  decide(msg: M, failuresBefore: number, work?: () => unknown): Promise<ConsumerDecision>;
+  decide(
+    msg: M,
+    failuresBefore: number,
+    work?: () => unknown,
+    lease?: LeaseSettings,
+  ): Promise<ConsumerDecision>;
   /** The `onSettled` event of a delivery settled as `settlement`, with `failures` counted after it. */
   settledEvent(
     msg: M,
@@ -217,7 +240,7 @@ export function consumerRuntime<M>(
     throw new IdempotencyOptionsError('onSettled', `must be a function; got ${typeof onSettled}.`);
   }
   const { keyOf } = broker;
-  // Observation hooks (and otel()'s), handed to idempotentOutcome; `decided` reports what it never sees: keys it is
+  // Observation hooks (and otel()'s), handed to leasedOutcome; `decided` reports what it never sees: keys it is
   // not given, and the transactional path, which bypasses it.
   const hooks = hooksOf(options);
   const runner = new HookRunner(hooks ?? {}, 'consumer', warned);
@@ -251,7 +274,7 @@ export function consumerRuntime<M>(
   // Unless the broker asks for results, the work's own result is not a consumer's business: `null` is what gets
   // stored, so any handler fits.
   const storeResults = broker.storeResults === true;
-  const run = idempotentOutcome(
+  const run = leasedOutcome(
     async (_msg: M, _key: string, work: () => unknown): Promise<unknown> => {
       const value = await work();
       return storeResults ? value : null;
@@ -269,7 +292,7 @@ export function consumerRuntime<M>(
       ...(hooks === undefined ? {} : { hooks }),
     },
   );
-  // The transactional path bypasses idempotentOutcome, so it checks the key and fingerprint the same way here.
+  // The transactional path bypasses leasedOutcome, so it checks the key and fingerprint the same way here.
   const { runInTransaction, workInTransaction } = broker;
   // With inProgress: { wait }, each look at a held key may itself wait this long in the store.
   const storeWaitMs = inProgressOption(options.inProgress) ?? 0;
@@ -339,7 +362,7 @@ export function consumerRuntime<M>(
   const runtime: ConsumerRuntime<M> = {
     policy,
     log,
-    async decide(msg, failuresBefore, givenWork = () => handler(msg)) {
+    async decide(msg, failuresBefore, givenWork = () => handler(msg), lease) {
       // Whether the work itself threw: its errors are failures of the work, whatever their class.
       let workThrew = false;
       const work = async (): Promise<unknown> => {
@@ -393,7 +416,7 @@ export function consumerRuntime<M>(
       try {
         const { outcome, result } =
           runInTransaction === undefined && transactional === undefined
-            ? await run(msg, key, work)
+            ? await run(lease, [msg, key, work])
             : await inTransaction(msg, key, () => {
                 workThrew = true;
               });

@@ -1,7 +1,9 @@
+import { runInContext } from '../shared/context';
 import { InvalidValueError, StoreOperationError } from '../shared/errors';
 import { HookRunner } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
 import { KeyProtocol, verdictOf } from '../shared/protocol';
+import { ExecutionContext, stepSettings } from '../shared/steps';
 import type {
   CompletedResult,
   TransactionAcquiredResult,
@@ -10,6 +12,7 @@ import type {
 import { IdempotencyStoreError } from './errors';
 import { replayResult } from './result-codec';
 
+/** How `runStoreTransaction()` checks and keeps the record. */
 export interface StoreTransactionOptions {
   /** Compared with a completed record's; `undefined`: not checked (and stored as ''). */
   fingerprint?: string | undefined;
@@ -33,7 +36,12 @@ export function runStoreTransaction<T, Db = unknown>(
   key: string,
   options: StoreTransactionOptions,
   work: (db: Db) => Promise<T>,
-): Promise<{ outcome: 'executed' | 'replayed'; result: T }> {
+): Promise<{
+  /** `executed`: `work` ran and committed; `replayed`: a completed record gave its result. */
+  outcome: 'executed' | 'replayed';
+  /** What `work` returned, or the stored result for a duplicate. */
+  result: T;
+}> {
   const protocol = new KeyProtocol(
     store,
     new HookRunner({}, 'consumer', new Set()),
@@ -74,14 +82,25 @@ export async function transactOnce<T, Db>(
     };
   }
   // A duplicate of a transaction still open is not waited for here: the consumer delays it.
-  if (verdict !== 'acquired') throw protocol.refusal(verdict, key, acquired, undefined, log);
+  if (verdict !== 'acquired') {
+    // A record kept with steps for another fingerprint was taken over in this transaction: roll it back untouched.
+    if (verdict === 'mismatch') await protocol.giveBack(key, acquired, log);
+    throw protocol.refusal(verdict, key, acquired, undefined, log);
+  }
   const { transaction } = acquired as TransactionAcquiredResult;
   hooks.executionStarted(key, log);
+  // Steps are part of the transaction: checked and run in this attempt only, nothing recorded beside it (what the
+  // work writes commits or rolls back with its record, and a committed record holds no steps).
+  const context = new ExecutionContext(key, key, transaction.db, stepSettings(protocol, ttlMs), log);
   let result: T;
   let body: Buffer;
   try {
     try {
-      result = await work(transaction.db as Db);
+      try {
+        result = await runInContext(context, () => work(transaction.db as Db));
+      } finally {
+        ExecutionContext.finish(context);
+      }
       const json = JSON.stringify(result);
       if (json === undefined)
         throw new InvalidValueError(

@@ -28,6 +28,7 @@ export interface WorkerDelivery {
   expiresAt: number;
   /** Whether the worker stopped since the delivery began: a wait for a held key then ends at once. */
   stopped(): boolean;
+  /** The broker's retry settings for the message, which bound how often and when it comes back. */
   retries: BrokerRetries;
 }
 
@@ -43,9 +44,13 @@ export interface WorkerVerbs {
 
 /** A delivery left for the broker to fail (and retry per its own settings), with why. */
 export interface HandedBack {
+  /** The broker's id of the message. */
   id: string;
+  /** The message's idempotency key, or `undefined` when it had none. */
   key: string | undefined;
+  /** Why it is handed back, e.g. `'in-progress'` or `'failed'`. */
   reason: string;
+  /** The handler's (or store's) error, when there was one. */
   error?: unknown;
 }
 

@@ -3,7 +3,8 @@ import { InvalidValueError } from '../shared/errors';
 import { HookRunner } from '../shared/hooks';
 import { type Logger, silentLogger } from '../shared/logger';
 import { observedStore } from '../shared/observe';
-import { KeyProtocol, unknownStatusError, verdictOf, Wait } from '../shared/protocol';
+import { KeyProtocol, type LeaseSettings, unknownStatusError, verdictOf, Wait } from '../shared/protocol';
+import { type StepSettings, stepSettings } from '../shared/steps';
 import { errorText, tell, type WarningCode } from '../shared/warnings';
 import type {
   AcquiredResult,
@@ -21,16 +22,11 @@ import { type KeyProblem, parseKey } from './key';
 import { type IdempotencyOptions, type ResolvedOptions, resolveOptions } from './options';
 import { PROBLEM_TYPES, problemResponse } from './problems';
 
-/** What the handler can read while oncely covers its request (`req.idempotency`). */
-export interface IdempotencyContext {
-  /** The key as the client sent it, unquoted. */
-  key: string;
-  /** In transactional mode, the transaction's database client (a `pg` `PoolClient` for PostgresStore). */
-  db: unknown;
-}
+export type { IdempotencyContext } from '../shared/context';
 
 /** What an adapter tells the engine about a request. */
 export interface HttpRequestInput<Req> {
+  /** The request method, as the client sent it. */
   method: string;
   /** Path and query as the client sent them (Express `req.originalUrl`, Fastify `request.url`). */
   url: string;
@@ -40,16 +36,36 @@ export interface HttpRequestInput<Req> {
   body: unknown;
   /** The framework's request, handed to `scope` and `fingerprint`. */
   request: Req;
+  /**
+   * This request's lease settings (Lambda's deadline), over the `lockTimeout` option; no effect in transactional
+   * mode, where the open transaction holds the key. Default: none.
+   */
+  lease?: LeaseSettings;
 }
 
 /** The engine's answer for one request. */
 export type HttpDecision =
   /** Not ours: run the handler as if the middleware were not there. */
-  | { action: 'pass' }
+  | {
+      /** What the adapter does with the request. */
+      action: 'pass';
+    }
   /** Send this response (a replay, or a problem+json error); do not run the handler. */
-  | { action: 'respond'; response: StoredResponse; replayed: boolean }
+  | {
+      /** What the adapter does with the request. */
+      action: 'respond';
+      /** The response to send. */
+      response: StoredResponse;
+      /** `true` for a stored response replayed, `false` for an error answer. */
+      replayed: boolean;
+    }
   /** Run the handler, capture its response and hand it to `execution.complete()` (or `fail()` if it threw). */
-  | { action: 'execute'; execution: Execution };
+  | {
+      /** What the adapter does with the request. */
+      action: 'execute';
+      /** The execution that owns the key while the handler runs. */
+      execution: Execution;
+    };
 
 const PASS: HttpDecision = { action: 'pass' };
 
@@ -69,6 +85,7 @@ const KEY_PROBLEM_DETAIL: Record<KeyProblem, string> = {
  * store answer, what to store, lease renewal, error answers — so adapters only translate requests and responses.
  */
 export class Idempotency<Req = unknown> {
+  /** The options after validation, with defaults applied. */
   readonly options: ResolvedOptions<Req>;
   // Shared with the engines made by with(), so a plugin and its routes warn once between them.
   readonly #unscopedWarning: { given: boolean };
@@ -90,7 +107,14 @@ export class Idempotency<Req = unknown> {
   readonly #hooks: HookRunner;
   /** What the engine and its executions do with each answer of the store; each execution is handed it. */
   readonly #protocol: KeyProtocol;
+  /** @internal What the steps of this engine's executions share (`step()`): made once, read at the first step. */
+  readonly stepSettings: StepSettings;
 
+  /**
+   * Checks `options` (an `IdempotencyOptionsError` names a wrong one) and applies the defaults. `base`: an engine
+   * whose options these override (what `with()` passes); `extraKnownOptions`: option names an adapter adds, which
+   * are then not reported as unknown.
+   */
   constructor(
     options: IdempotencyOptions<Req> = {},
     base?: Idempotency<Req>,
@@ -106,6 +130,7 @@ export class Idempotency<Req = unknown> {
       hooks.run('onStoreOperation', event, log),
     );
     this.#protocol = new KeyProtocol(this.observedStore, hooks, this.options.lockTimeoutMs);
+    this.stepSettings = stepSettings(this.#protocol, this.options.ttlMs);
   }
 
   /** An engine with `overrides` over this one's options (a route's options over its plugin's). */
@@ -255,7 +280,7 @@ export class Idempotency<Req = unknown> {
 
     let result: AcquireResult | TransactionAcquiredResult;
     try {
-      result = await this.#acquire(key, fingerprint);
+      result = await this.#acquire(key, fingerprint, input.lease);
     } catch (error) {
       return this.#storeDown(key, error, log, clientKey, undefined);
     }
@@ -278,6 +303,9 @@ export class Idempotency<Req = unknown> {
               acquired.token,
               log,
               'transaction' in acquired ? acquired.transaction : undefined,
+              // Steps in a transaction are kept in memory only: a record's earlier ones are not resumed.
+              'transaction' in acquired ? undefined : acquired.steps,
+              input.lease,
             ),
           };
         }
@@ -290,6 +318,9 @@ export class Idempotency<Req = unknown> {
             replayed: true,
           };
         case 'mismatch':
+          // A resumed record kept for another fingerprint was acquired all the same: give it back untouched (in a
+          // transaction, roll it back).
+          await this.#protocol.giveBack(key, result, log);
           return this.#mismatch(key, log, wait?.start);
         case 'in_progress': {
           const { retryAfterMs } = result as InProgressResult;
@@ -302,7 +333,7 @@ export class Idempotency<Req = unknown> {
             return this.#conflict();
           }
           try {
-            result = await this.#acquire(key, fingerprint);
+            result = await this.#acquire(key, fingerprint, input.lease);
           } catch (error) {
             return this.#storeDown(key, error, log, clientKey, wait.start);
           }
@@ -357,10 +388,15 @@ export class Idempotency<Req = unknown> {
     this.#hooks.run('onUnscopedCredentials', { header }, log);
   }
 
-  #acquire(key: string, fingerprint: string): Promise<AcquireResult | TransactionAcquiredResult> {
+  #acquire(
+    key: string,
+    fingerprint: string,
+    lease: LeaseSettings | undefined,
+  ): Promise<AcquireResult | TransactionAcquiredResult> {
+    // In a transaction the open transaction holds the key, not a lease: endsAt has nothing to bound there.
     return this.options.transactional
       ? this.#protocol.acquireInTransaction(key, fingerprint)
-      : this.#protocol.acquire(key, fingerprint);
+      : this.#protocol.acquire(key, fingerprint, lease?.endsAt);
   }
 
   #problem(

@@ -1,16 +1,21 @@
-import { ValueOutOfRangeError } from '../shared/errors';
+import { type IdempotencyContext, runInContext } from '../shared/context';
+import { CommitOutcomeUnknownError, ValueOutOfRangeError } from '../shared/errors';
 import type { ReleaseEvent } from '../shared/hooks';
 import type { Logger } from '../shared/logger';
-import { type KeyProtocol, Lease } from '../shared/protocol';
-import type { StoredResponse, StoreTransaction } from '../stores/store';
+import { type KeyProtocol, Lease, type LeaseSettings } from '../shared/protocol';
+import { ExecutionContext } from '../shared/steps';
+import type { RecordedSteps, StoredResponse, StoreTransaction } from '../stores/store';
 import type { Idempotency } from './engine';
 import { OMITTED_BODY_HEADER, type OutgoingHeaderValue, storableHeaders } from './headers';
 import { PROBLEM_TYPES, problemResponse } from './problems';
 
 /** A finished response as the adapter captured it. `body` is `undefined` when it outgrew `maxBodyBytes`. */
 export interface CapturedResponse {
+  /** The response status. */
   status: number;
+  /** The response headers as the handler set them. */
   headers: Readonly<Record<string, OutgoingHeaderValue>>;
+  /** The body's bytes, or `undefined` when it outgrew `maxBodyBytes`. */
   body: Uint8Array | undefined;
 }
 
@@ -42,6 +47,11 @@ export class Execution {
   readonly #transaction: StoreTransaction | undefined;
   readonly #lease: Lease | undefined;
   #settled = false;
+  /** The lease stopped and the context finished: after `#settled`, once running steps were waited for. */
+  #ended = false;
+  #context: ExecutionContext | undefined;
+  /** The steps an earlier attempt of the key recorded, for the context to replay. */
+  readonly #resumed: RecordedSteps | undefined;
   #headersBefore: Readonly<Record<string, OutgoingHeaderValue>> | undefined;
 
   /** @internal created by the engine, which hands it its protocol (no member of the engine's public type) */
@@ -53,6 +63,8 @@ export class Execution {
     token: string | undefined,
     log: Logger,
     transaction?: StoreTransaction,
+    resumed?: RecordedSteps,
+    lease?: LeaseSettings,
   ) {
     this.#engine = engine;
     this.#protocol = protocol;
@@ -61,17 +73,46 @@ export class Execution {
     this.#token = token;
     this.#log = log;
     this.#transaction = transaction;
+    this.#resumed = resumed;
     this.protected = token !== undefined;
     this.maxBodyBytes = engine.options.maxBodyBytes;
     this.bufferLimit = transaction === undefined ? this.maxBodyBytes : Number.POSITIVE_INFINITY;
     protocol.hooks.executionStarted(key, log);
     this.#lease =
-      token !== undefined && transaction === undefined ? new Lease(protocol, key, token, log) : undefined;
+      token !== undefined && transaction === undefined
+        ? new Lease(protocol, key, token, log, lease)
+        : undefined;
   }
 
   /** The transaction's database client in transactional mode (`req.idempotency.db`); otherwise `undefined`. */
   get db(): unknown {
     return this.#transaction?.db;
+  }
+
+  /** What the handler reads and calls (`req.idempotency`): the key, `db`, `step()` and `keyFor()`. */
+  get context(): IdempotencyContext {
+    if (this.#context === undefined) {
+      // Steps are recorded under the lease's token; in a transaction (and fail-open) they are kept in memory only.
+      this.#context = new ExecutionContext(
+        this.key,
+        this.clientKey,
+        this.#transaction?.db,
+        this.#engine.stepSettings,
+        this.#log,
+        this.#transaction === undefined ? this.#token : undefined,
+        this.#resumed,
+      );
+      if (this.#ended) ExecutionContext.finish(this.#context);
+    }
+    return this.#context;
+  }
+
+  /**
+   * Runs the handler (`fn`: the adapter's `next`, or the handler itself) so that `currentIdempotency()` anywhere
+   * inside it, after any `await`, returns this execution's `context`.
+   */
+  run<T>(fn: () => T): T {
+    return runInContext(this.context, fn);
   }
 
   /**
@@ -90,7 +131,7 @@ export class Execution {
    * the handler wrote survived, so its success answer would be a lie). Otherwise resolves to `undefined`.
    */
   async complete(captured: CapturedResponse): Promise<StoredResponse | undefined> {
-    if (this.#settle() || this.#token === undefined) return undefined;
+    if (this.#settle(this.#token !== undefined) || this.#token === undefined) return undefined;
     const o = this.#engine.options;
     let cacheable: boolean;
     let headers: Record<string, string | string[]>;
@@ -116,6 +157,7 @@ export class Execution {
       await this.#release('not-cacheable', captured.status);
       return undefined;
     }
+    this.#end();
     let body = captured.body;
     if (body === undefined) {
       headers[OMITTED_BODY_HEADER] = '1';
@@ -146,6 +188,17 @@ export class Execution {
       if (committed) return undefined;
     } catch (error) {
       this.#protocol.commitFailed(this.key, error, this.#log);
+      if (error instanceof CommitOutcomeUnknownError)
+        return problemResponse(
+          {
+            type: PROBLEM_TYPES.commitUnknown,
+            title: 'Commit outcome unknown',
+            status: 503,
+            detail:
+              'The database did not confirm the commit: what the request did may or may not have been kept. Retry with the same key: it replays the response if it was, or runs again if not.',
+          },
+          { 'retry-after': '1' },
+        );
     }
     return problemResponse(
       {
@@ -187,7 +240,7 @@ export class Execution {
 
   /** The handler threw (or the framework routed an error): release the key so a retry runs again. */
   async fail(error?: unknown): Promise<void> {
-    if (this.#settle() || this.#token === undefined) return;
+    if (this.#settle(this.#token !== undefined) || this.#token === undefined) return;
     if (error !== undefined)
       this.#log.debug({ err: error, key: this.key }, 'oncely: handler failed; releasing the key');
     await this.#release('error');
@@ -201,7 +254,7 @@ export class Execution {
    * nowhere; 499 is what access logs commonly call a request whose client closed it.
    */
   async clientGone(): Promise<StoredResponse> {
-    if (!this.#settle() && this.#token !== undefined) {
+    if (!this.#settle(this.#token !== undefined) && this.#token !== undefined) {
       this.#log.debug({ key: this.key }, 'oncely: the client left before the handler ran; releasing the key');
       await this.#release('client-gone');
     }
@@ -228,15 +281,31 @@ export class Execution {
     );
   }
 
-  #settle(): boolean {
+  /**
+   * Marks the execution settled: `true` when it was already. With `releasing` the lease and the context stay live
+   * until `#release` (or `#end`) ends them, so that steps still running can be recorded before the key is free.
+   */
+  #settle(releasing = false): boolean {
     if (this.#settled) return true;
     this.#settled = true;
-    this.#lease?.stop();
-    this.#protocol.hooks.executionEnded(this.key, this.#log);
+    if (!releasing) this.#end();
     return false;
   }
 
+  /** Stops renewing the lease and refuses later steps. */
+  #end(): void {
+    if (this.#ended) return;
+    this.#ended = true;
+    this.#lease?.stop();
+    if (this.#context !== undefined) ExecutionContext.finish(this.#context);
+    this.#protocol.hooks.executionEnded(this.key, this.#log);
+  }
+
   async #release(reason: ReleaseEvent['reason'], status?: number): Promise<void> {
+    // Steps still running (beside one that threw, under Promise.all) are recorded first, the lease renewed
+    // meanwhile, at most lockTimeout: otherwise the retry would run them again.
+    if (!this.#ended && this.#context !== undefined) await ExecutionContext.finishAfterSteps(this.#context);
+    this.#end();
     const protocol = this.#protocol;
     if (this.#transaction !== undefined) {
       await protocol.rollBack(this.#transaction, this.key, reason, status, this.#log);

@@ -29,6 +29,7 @@ export const ALWAYS_EXCLUDED_HEADERS: readonly string[] = [
 /** RFC 9110 token characters: what a header name (or a method) may be made of. */
 export const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 
+/** A response header's value as Node's `res.getHeaders()` gives it; `undefined` values are not sent. */
 export type OutgoingHeaderValue = number | string | readonly string[] | undefined;
 
 /**

@@ -12,7 +12,12 @@ const VISIBLE_ASCII = /^[\x21-\x7e]+$/;
 export function parseKey(
   raw: string | readonly string[],
   maxLength: number,
-): string | { problem: KeyProblem } {
+):
+  | string
+  | {
+      /** Why the key is refused. */
+      problem: KeyProblem;
+    } {
   if (typeof raw !== 'string') return { problem: 'multiple-values' };
   // Cheap bound before any work: a quoted key can at most double in size through escapes.
   if (raw.length > 2 * maxLength + 16) return { problem: 'too-long' };

@@ -8,6 +8,7 @@ import { PROBLEM_TYPES, problemResponse } from './problems';
  * cover one request: its engine, the options it sets itself, and where it was created, to name it in errors.
  */
 export interface Registration<Req = unknown> {
+  /** The engine made from the options, over an outer registration's. */
   readonly engine: Idempotency<Req>;
   /** The options as given (for an adapter that layers them over an outer registration's, `nestedEngine`). */
   readonly options: IdempotencyOptions<Req>;

@@ -44,7 +44,12 @@ export interface IdempotencyOptions<Req = unknown> extends ObservableOptions {
   /** Request fingerprint for the reuse check, or `false` to disable it. Default: method + path + query + body. */
   fingerprint?: ((req: Req) => string) | false;
   /** While the key is held: `'reject'` answers 409/429, `{ wait }` waits that long to replay. Default: `'reject'`. */
-  inProgress?: 'reject' | { wait: Duration };
+  inProgress?:
+    | 'reject'
+    | {
+        /** How long to wait for the running holder to finish before answering as `'reject'` would. */
+        wait: Duration;
+      };
   /** Status for a request whose key is held by a running request. Default: `409`. */
   inProgressStatus?: 409 | 429;
   /** Which finished responses are stored; the others release the key. Default: `(status) => status < 500`. */
@@ -72,24 +77,41 @@ export interface IdempotencyOptions<Req = unknown> extends ObservableOptions {
 
 /** Options after validation, with defaults applied and durations in ms. */
 export interface ResolvedOptions<Req> {
+  /** The store records are kept in. */
   store: IdempotencyStore;
+  /** How long a finished record is kept, in ms (`ttl`). */
   ttlMs: number;
+  /** Lease of a running request, in ms (`lockTimeout`). */
   lockTimeoutMs: number;
+  /** Name of the request header that carries the key, lower-cased. */
   header: string;
+  /** Longest key accepted, in characters. */
   maxKeyLength: number;
+  /** Whether a request without a key is refused (400) rather than run unprotected. */
   required: boolean;
+  /** The request methods that are made idempotent, upper-case. */
   methods: ReadonlySet<string>;
   /** `undefined`: not set (unscoped, warns on credentials); `false`: unscoped on purpose. */
   scope: ((req: Req) => string) | false | undefined;
+  /** The request fingerprint; `undefined`: the default (method + path + query + body); `false`: no reuse check. */
   fingerprint: ((req: Req) => string) | false | undefined;
+  /** With `inProgress: { wait }`: how long to wait for a held key, in ms; `undefined`: reject at once. */
   waitMs: number | undefined;
+  /** Status for a request whose key is held by a running request. */
   inProgressStatus: 409 | 429;
+  /** Which finished responses are stored. */
   cacheable: (status: number) => boolean;
+  /** Largest response body stored, in bytes. */
   maxBodyBytes: number;
+  /** Response headers never stored, lower-cased: the fixed list and `excludeHeaders`. */
   excludedHeaders: ReadonlySet<string>;
+  /** `true` with `onStoreError: 'fail-open'`: a store failure runs the handler unprotected. */
   failOpen: boolean;
+  /** The logger, if one was given. */
   logger: Logger | undefined;
+  /** The observation hooks (empty when none were given). */
   hooks: IdempotencyHooks;
+  /** Whether each execution runs inside a store transaction. */
   transactional: boolean;
 }
 

@@ -4,9 +4,13 @@ import { TOKEN } from './headers';
 
 /** A request whose headers `scopeByHeader` can read: Node's lower-cased header object, or a web `Headers`. */
 export interface RequestWithHeaders {
+  /** The request's headers: an object keyed by lower-case name, or a web `Headers`. */
   headers:
     | Readonly<Record<string, string | readonly string[] | undefined>>
-    | { get(name: string): string | null };
+    | {
+        /** The header's value, or `null` when the request has none. */
+        get(name: string): string | null;
+      };
 }
 
 /** Options of `scopeByHeader`. */

@@ -6,7 +6,9 @@ import type { StoredResponse } from '../stores/store';
 
 /** What the capture reads of a Node response (`http.ServerResponse`, `Http2ServerResponse`) when it settles. */
 export interface NodeResponseHead {
+  /** The status the response is sent with. */
   readonly statusCode: number;
+  /** The headers set on the response so far. */
   getHeaders(): Readonly<Record<string, OutgoingHeaderValue>>;
 }
 
@@ -31,6 +33,7 @@ export type BodyChunk = string | Uint8Array;
  * - sending the answer failed (`sendFailed`): the key is released unless it was stored.
  */
 export class ResponseCapture {
+  /** The execution that owns the request's key, which the capture settles. */
   readonly execution: Execution;
   readonly #res: NodeResponseHead;
   #chunks: Buffer[] = [];
@@ -44,6 +47,7 @@ export class ResponseCapture {
   /** Stops reading the source of a body over the limit that streams (`sendRest`). */
   #stop: (() => void) | undefined;
 
+  /** Captures the body of `res`, the response of the request `execution` runs. */
   constructor(execution: Execution, res: NodeResponseHead) {
     this.execution = execution;
     this.#res = res;

@@ -10,6 +10,10 @@ const ONCELY_ERROR = Symbol.for('oncely.error');
  * compatibility (`IdempotencyOptionsError` is a `TypeError`) are `OncelyError`s too.
  */
 export class OncelyError extends Error {
+  /**
+   * `value instanceof OncelyError` is `true` for every error oncely throws, whatever its class; `instanceof` a
+   * subclass checks the class as usual.
+   */
   static override [Symbol.hasInstance](value: unknown): boolean {
     // A subclass keeps the ordinary check: an IdempotencyKeyError is not an IdempotencyStoreError.
     // biome-ignore lint/complexity/noThisInStatic: `this` is the subclass the check is made against.
@@ -33,9 +37,13 @@ markOncelyError(OncelyError);
  * `TypeError` (as it always was) and an `OncelyError`.
  */
 export class IdempotencyOptionsError extends TypeError {
+  /** Always `'IdempotencyOptionsError'`. */
   override readonly name = 'IdempotencyOptionsError';
+  /** Builds the error; the message reads `<from>: option "<option>" <message>`. */
   constructor(
+    /** The option that is wrong, e.g. `'ttl'`. */
     readonly option: string,
+    /** What is wrong with it and how to fix it. */
     message: string,
     /** Who checks the option, for the message: `'oncely/redis'` for a store's. */
     from = 'oncely',
@@ -51,6 +59,7 @@ markOncelyError(IdempotencyOptionsError);
  * bytes. A `TypeError`, as these always were, and an `OncelyError`.
  */
 export class InvalidValueError extends TypeError {
+  /** Always `'InvalidValueError'`. */
   override name = 'InvalidValueError';
 }
 markOncelyError(InvalidValueError);
@@ -60,6 +69,7 @@ markOncelyError(InvalidValueError);
  * chain without end. A `RangeError`, as these always were, and an `OncelyError`.
  */
 export class ValueOutOfRangeError extends RangeError {
+  /** Always `'ValueOutOfRangeError'`. */
   override name = 'ValueOutOfRangeError';
 }
 markOncelyError(ValueOutOfRangeError);
@@ -69,7 +79,18 @@ markOncelyError(ValueOutOfRangeError);
  * know, no stable answer after its retries), not with an error of the store's client.
  */
 export class StoreOperationError extends OncelyError {
+  /** Always `'StoreOperationError'`. */
   override readonly name = 'StoreOperationError';
+}
+
+/**
+ * Thrown by a store when a transaction's COMMIT got no answer (a client-side timeout, or the connection lost while
+ * it was sent): the database may have committed it or not. A retry with the same key finds out: it replays the
+ * committed response, or runs again if nothing was kept. `cause` is the client's error.
+ */
+export class CommitOutcomeUnknownError extends OncelyError {
+  /** Always `'CommitOutcomeUnknownError'`. */
+  override readonly name = 'CommitOutcomeUnknownError';
 }
 
 /**
@@ -77,5 +98,40 @@ export class StoreOperationError extends OncelyError {
  * for outside one, a processor called without what it needs. The message says how to fix it.
  */
 export class IdempotencySetupError extends OncelyError {
+  /** Always `'IdempotencySetupError'`. */
   override readonly name = 'IdempotencySetupError';
+}
+
+/** Why `step()` refused: see `StepError`. */
+export type StepErrorReason =
+  | 'invalid-name'
+  | 'duplicate-name'
+  | 'unstorable'
+  | 'lease-lost'
+  | 'unsupported-store'
+  | 'finished';
+
+/**
+ * `step(name, fn)` refused, or could not record, the step `step`. `reason` says why: `'invalid-name'` (not a
+ * non-empty, well-formed string of at most 200 characters without U+0000; `fn` did not run), `'duplicate-name'`
+ * (the name was used already in this attempt; `fn` did not run), `'unstorable'` (`fn` ran, but its result has no
+ * JSON form or is too large; nothing was recorded), `'lease-lost'` (the execution no longer owns its key: another attempt may own it
+ * now, so the handler must stop; nothing was recorded), `'unsupported-store'` (the store cannot record steps; `fn`
+ * did not run), `'finished'` (the execution was settled already: its response sent, or its call returned).
+ */
+export class StepError extends OncelyError {
+  /** Always `'StepError'`. */
+  override readonly name = 'StepError';
+  /** Builds the error; the message is prefixed with `oncely: `. */
+  constructor(
+    /** Why the step was refused or not recorded. */
+    readonly reason: StepErrorReason,
+    /** The step's name, as passed to `step()`. */
+    readonly step: string,
+    /** What happened, for people. */
+    message: string,
+    options?: { cause?: unknown },
+  ) {
+    super(`oncely: ${message}`, options);
+  }
 }

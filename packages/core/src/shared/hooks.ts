@@ -8,7 +8,7 @@ import { tellHookThrew, type WarningCode } from './warnings';
 export type AdapterKind = 'http' | 'consumer';
 
 /** A store operation timed by `onStoreOperation`. */
-export type StoreOperation = 'acquire' | 'complete' | 'release' | 'renew';
+export type StoreOperation = 'acquire' | 'complete' | 'release' | 'renew' | 'recordStep';
 
 /**
  * The decision made for one request or message, once, when it is final (after a wait, if any):
@@ -19,8 +19,11 @@ export type StoreOperation = 'acquire' | 'complete' | 'release' | 'renew';
  */
 export type DecisionOutcome = 'executed' | 'replayed' | 'conflict' | 'mismatch' | 'rejected' | 'store_error';
 
+/** The payload of `onDecision`: the final decision for one request or message. */
 export interface DecisionEvent {
+  /** Who decided: the engine (`'http'`) or `idempotent()` and the broker wrappers (`'consumer'`). */
   adapter: AdapterKind;
+  /** What was decided. */
   outcome: DecisionOutcome;
   /** The store key (scope included), when there is one (not for a missing or malformed key). */
   key?: string;
@@ -28,14 +31,19 @@ export interface DecisionEvent {
   waitedMs?: number;
 }
 
+/** The payload of `onStoreOperation`: one store call and how long it took. */
 export interface StoreOperationEvent {
+  /** Who called the store: the engine (`'http'`) or `idempotent()` and the broker wrappers (`'consumer'`). */
   adapter: AdapterKind;
+  /** Which store operation it was. */
   operation: StoreOperation;
+  /** `'ok'`: the store answered; `'error'`: it threw or timed out. */
   result: 'ok' | 'error';
   /** Wall time of the store call, in ms (fractional). */
   durationMs: number;
   /** The store's class name (`MemoryStore`, `RedisStore`), or `'custom'` for an object store. */
   store: string;
+  /** The store key (scope included). */
   key: string;
   /**
    * When `result` is `'error'`: the class name of what the store threw (`ReplyError`, `TimeoutError`), or `'_OTHER'`
@@ -54,27 +62,39 @@ export type UnconfirmedWriteOutcome = 'confirmed' | 'lost' | 'expired' | 'gave_u
 
 /** An execution (a handler or consumer function running under a key, or unprotected in fail-open) began or ended. */
 export interface ExecutionEvent {
+  /** Who runs it: the engine (`'http'`) or `idempotent()` and the broker wrappers (`'consumer'`). */
   adapter: AdapterKind;
+  /** The store key (scope included). */
   key: string;
 }
 
 /** Payloads of the observation hooks. `key` is the store key (scope included). */
 export interface IdempotencyEvent {
+  /** The store key (scope included). */
   key: string;
 }
+/** The payload of `onConflict`: the key is held by a running request or call. */
 export interface ConflictEvent extends IdempotencyEvent {
+  /** Time left on the holder's lease, in ms. */
   retryAfterMs: number;
 }
+/** The payload of `onStoreError`: a store operation failed. */
 export interface StoreErrorEvent {
+  /** The store key (scope included), when the operation had one. */
   key?: string;
-  operation: 'acquire' | 'complete' | 'release' | 'renew';
+  /** The operation that failed. */
+  operation: StoreOperation;
+  /** What the store threw. */
   error: unknown;
 }
+/** The payload of `onFenced`: the store refused a write because the key is no longer this execution's. */
 export interface FencedEvent extends IdempotencyEvent {
-  operation: 'complete' | 'release' | 'renew';
+  /** The write the store refused: `'recordStep'` is a step's (`step()` then rejects with `StepError` `'lease-lost'`). */
+  operation: 'complete' | 'release' | 'renew' | 'recordStep';
   /** Who reported it: the engine (`'http'`) or `idempotent()` (`'consumer'`). */
   adapter?: AdapterKind;
 }
+/** The payload of `onRelease`: a key was released without storing a response, so a retry runs again. */
 export interface ReleaseEvent extends IdempotencyEvent {
   /** Who reported it: the engine (`'http'`) or `idempotent()` (`'consumer'`). */
   adapter?: AdapterKind;
@@ -84,9 +104,12 @@ export interface ReleaseEvent extends IdempotencyEvent {
    * client left while the store was asked, so the handler did not run).
    */
   reason: 'not-cacheable' | 'error' | 'client-gone';
+  /** With `'not-cacheable'`: the response status. */
   status?: number;
 }
+/** The payload of `onComplete`: a response or result was stored under the key. */
 export interface CompleteEvent extends IdempotencyEvent {
+  /** The stored response's status (`200` for a result of `idempotent()`). */
   status: number;
 }
 /**
@@ -96,6 +119,7 @@ export interface CompleteEvent extends IdempotencyEvent {
 export interface UnconfirmedWriteEvent extends IdempotencyEvent {
   /** Who reported it: the engine (`'http'`) or `idempotent()` (`'consumer'`). */
   adapter: AdapterKind;
+  /** The write left unconfirmed: a completion or a release. */
   operation: 'complete' | 'release';
   /**
    * `'unconfirmed'` once, when the write is left unconfirmed (the response is sent all the same); then once, how it
@@ -106,6 +130,19 @@ export interface UnconfirmedWriteEvent extends IdempotencyEvent {
    * closed).
    */
   outcome: 'unconfirmed' | UnconfirmedWriteOutcome;
+}
+
+/**
+ * A step of an execution (`step(name, fn)`) finished: `'run'` its function ran and its result was recorded;
+ * `'replayed'` an earlier attempt of the key had recorded it, so its recorded result was returned without running.
+ */
+export interface StepEvent extends IdempotencyEvent {
+  /** Who runs the execution: the engine (`'http'`) or `idempotent()` and the broker wrappers (`'consumer'`). */
+  adapter: AdapterKind;
+  /** The step's name, as the code gave it (bounded by the code, not by the data). */
+  name: string;
+  /** `'run'`: the function ran and its result was recorded; `'replayed'`: a recorded result was returned. */
+  outcome: 'run' | 'replayed';
 }
 
 /** A covered request carried credentials while the engine has no `scope` (reported once per engine). */
@@ -133,6 +170,8 @@ export interface IdempotencyHooks {
   onFenced?(event: FencedEvent): void;
   /** The handler's response was stored. */
   onComplete?(event: CompleteEvent): void;
+  /** A step ran and was recorded, or was replayed from an earlier attempt's record (`step(name, fn)`). */
+  onStep?(event: StepEvent): void;
   /** The key was released so the next request runs the handler again. */
   onRelease?(event: ReleaseEvent): void;
   /**

@@ -141,6 +141,7 @@ const HOOK_NAMES = Object.keys({
   onConflict: true,
   onMismatch: true,
   onComplete: true,
+  onStep: true,
   onRelease: true,
   onUnconfirmedWrite: true,
   onStoreError: true,
@@ -223,8 +224,8 @@ export function hooksOver(
 /**
  * The store as the engine (or `idempotent()`) should call it: `store` itself when `onStoreOperation` is not set
  * (no wrapper, no clock: the hot path pays nothing), else a wrapper timing `acquire`, `complete`, `release`,
- * `renew` (and `acquireInTransaction` as `acquire`, its transaction's `commit` as `complete` and `rollback` as
- * `release`) and reporting each to `emit`. Other methods are the store's own.
+ * `renew`, `recordStep` when the store has it (and `acquireInTransaction` as `acquire`, its transaction's `commit` as
+ * `complete` and `rollback` as `release`) and reporting each to `emit`. Other methods are the store's own.
  */
 export function observedStore<S extends IdempotencyStore>(
   store: S,
@@ -320,11 +321,35 @@ export function observedStore<S extends IdempotencyStore>(
         : { ...(result as object), transaction: observedTransaction(transaction, key, report) };
     };
   }
+  if (typeof s.recordStep === 'function') {
+    // Only on a store that has it: a store without recordStep must still look like one (step() refuses it).
+    const recordStep = s.recordStep.bind(s);
+    wrapped.recordStep = async (key: string, token: string, name: string, value: string, ttlMs: number) => {
+      const start = performance.now();
+      try {
+        const result = await recordStep(key, token, name, value, ttlMs);
+        report('recordStep', key, start, NO_ERROR);
+        return result;
+      } catch (error) {
+        report('recordStep', key, start, error);
+        throw error;
+      }
+    };
+  }
   for (const name of ['get', 'delete', 'waitFor', 'close'] as const) {
     const method = s[name] as ((...args: unknown[]) => unknown) | undefined;
     if (typeof method === 'function') (wrapped as Record<string, unknown>)[name] = method.bind(s);
   }
+  originals.set(wrapped, store);
   return wrapped as unknown as S;
+}
+
+/** The store each timing wrapper stands for, so that a message naming the store names the user's. */
+const originals = new WeakMap<object, IdempotencyStore>();
+
+/** The store as the user gave it: `store` itself, or the one a wrapper of `observedStore` times. */
+export function originalStore(store: IdempotencyStore): IdempotencyStore {
+  return originals.get(store) ?? store;
 }
 
 /** The transaction as the engine calls it: `commit` timed as `complete`, `rollback` as `release`. */

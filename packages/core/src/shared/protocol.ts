@@ -13,8 +13,8 @@ import type {
   TransactionalIdempotencyStore,
 } from '../stores/store';
 import { asStoredFingerprint, hasLoneSurrogate } from './checks';
-import { StoreOperationError } from './errors';
-import type { AdapterKind, HookRunner, ReleaseEvent } from './hooks';
+import { CommitOutcomeUnknownError, StoreOperationError } from './errors';
+import type { AdapterKind, FencedEvent, HookRunner, ReleaseEvent } from './hooks';
 import type { Logger } from './logger';
 import { followConfirmation } from './observe';
 
@@ -31,6 +31,7 @@ interface ProtocolTexts {
   notStored(what: string): string;
   notReleased: string;
   notCommitted: string;
+  commitUnknown: string;
 }
 
 const TEXTS: Record<AdapterKind, ProtocolTexts> = {
@@ -43,6 +44,8 @@ const TEXTS: Record<AdapterKind, ProtocolTexts> = {
       `oncely: could not store ${what}; a retry after the lease ends will run the handler again`,
     notReleased: 'oncely: could not release the key; it frees itself when its lease ends',
     notCommitted: 'oncely: the transaction did not commit; nothing the handler wrote was kept',
+    commitUnknown:
+      "oncely: the commit got no answer; whether the handler's writes were kept is unknown until a retry with this key (a replay if they were)",
   },
   consumer: {
     fenced:
@@ -53,11 +56,39 @@ const TEXTS: Record<AdapterKind, ProtocolTexts> = {
       `oncely: could not store ${what}; once the lease ends, a retry with this key runs the function again`,
     notReleased: 'oncely: could not release the key after a failure; it frees itself when its lease ends',
     notCommitted: 'oncely: the transaction did not commit; nothing the work wrote was kept',
+    commitUnknown:
+      "oncely: the commit got no answer; whether the work's writes were kept is unknown until a retry with this key (a replay if they were)",
   },
 };
 
 const notConfirmed = (what: string): string =>
   `oncely: the store could not confirm that its replicas have ${what} (not confirmed in time, or no reply); it re-sends it until they do`;
+
+/**
+ * Per-call settings of a lease, for a platform that knows more about one request or delivery than the options do:
+ * Lambda's deadline, an SQS message's visibility to extend alongside. Adapters pass them in `HttpRequestInput.lease`
+ * and `ConsumerRuntime.decide()`.
+ */
+export interface LeaseSettings {
+  /**
+   * A time (`Date.now()` milliseconds) the lease never runs past, by its acquire or any renewal: the invocation's
+   * deadline plus a margin, so a retry after a timeout takes the key over instead of waiting out `lockTimeout`.
+   * An acquire's lease is never under one second (`LEASE_FLOOR_MS`) for it. Not a number (NaN): no effect.
+   */
+  endsAt?: number;
+  /**
+   * Called after each renewal the store accepted, to extend something else with the lease (an SQS message's
+   * visibility): one heartbeat for both. What it throws or rejects with is logged and ignored.
+   */
+  onRenewed?: () => unknown;
+}
+
+/**
+ * The shortest lease `endsAt` can make an acquire write. A call that starts at or just before its deadline still
+ * writes a lease a duplicate must wait out (a zero or negative one would let the duplicate run beside it at once,
+ * and some stores refuse it), so an acquire's lease runs past `endsAt` by at most this much; renewals never do.
+ */
+export const LEASE_FLOOR_MS = 1000;
 
 /**
  * One engine's or wrapped function's side of the key protocol: its store (as observed), its hooks and its lease
@@ -76,9 +107,18 @@ export class KeyProtocol {
     this.#texts = TEXTS[hooks.adapter];
   }
 
-  /** Asks the store for the key (the caller awaits the store's own promise). */
-  acquire(key: string, fingerprint: string): Promise<AcquireResult> {
-    return this.store.acquire(key, { fingerprint, lockTimeoutMs: this.lockTimeoutMs });
+  /**
+   * Asks the store for the key (the caller awaits the store's own promise), for `lockTimeout` or until `endsAt`,
+   * whichever comes first, but for at least `LEASE_FLOOR_MS` (or `lockTimeout`, if shorter).
+   */
+  acquire(key: string, fingerprint: string, endsAt?: number): Promise<AcquireResult> {
+    let lockTimeoutMs = this.lockTimeoutMs;
+    if (endsAt !== undefined) {
+      // Whole milliseconds, as stores take them; NaN compares false, so it leaves lockTimeout.
+      const left = Math.floor(endsAt - Date.now());
+      if (left < lockTimeoutMs) lockTimeoutMs = Math.max(left, Math.min(LEASE_FLOOR_MS, lockTimeoutMs));
+    }
+    return this.store.acquire(key, { fingerprint, lockTimeoutMs });
   }
 
   /** `acquire` in a store transaction that the work's writes join (transactional mode). */
@@ -87,6 +127,29 @@ export class KeyProtocol {
       fingerprint,
       lockTimeoutMs: this.lockTimeoutMs,
     });
+  }
+
+  /**
+   * Releases at once a key acquired only to find its record kept for another fingerprint (a resumed record whose
+   * steps an earlier attempt left): the record stays released with its steps, as it was. In a transaction, rolls
+   * it back (its connection and lock go with it; a release from another connection would wait on its row lock).
+   * Never throws; only a failure is reported (the key frees itself when the new lease ends).
+   */
+  async giveBack(key: string, result: AcquireResult | TransactionAcquiredResult, log: Logger): Promise<void> {
+    if (result.status !== 'acquired') return;
+    if ('transaction' in result) {
+      try {
+        await result.transaction.rollback();
+      } catch (error) {
+        this.#rollbackFailed(key, error, log);
+      }
+      return;
+    }
+    try {
+      await this.store.release(key, result.token);
+    } catch (error) {
+      this.releaseFailed(key, error, log);
+    }
   }
 
   /** The acquire failed (or timed out): reported as a store error, and as the decision `store_error`. */
@@ -175,10 +238,16 @@ export class KeyProtocol {
     );
   }
 
-  /** A transaction's commit (its completion) failed: nothing the work wrote was kept. */
+  /**
+   * A transaction's commit (its completion) failed: nothing the work wrote was kept, or, for a
+   * `CommitOutcomeUnknownError`, it may have been.
+   */
   commitFailed(key: string, error: unknown, log: Logger): void {
     this.hooks.run('onStoreError', { key, operation: 'complete', error }, log);
-    log.error({ err: error, key }, this.#texts.notCommitted);
+    log.error(
+      { err: error, key },
+      error instanceof CommitOutcomeUnknownError ? this.#texts.commitUnknown : this.#texts.notCommitted,
+    );
   }
 
   /**
@@ -196,16 +265,20 @@ export class KeyProtocol {
       await transaction.rollback();
       this.released(key, true, reason, status, log);
     } catch (error) {
-      this.hooks.run('onStoreError', { key, operation: 'release', error }, log);
-      log.error(
-        { err: error, key },
-        'oncely: rollback failed; the database ends the transaction when the connection closes',
-      );
+      this.#rollbackFailed(key, error, log);
     }
   }
 
+  #rollbackFailed(key: string, error: unknown, log: Logger): void {
+    this.hooks.run('onStoreError', { key, operation: 'release', error }, log);
+    log.error(
+      { err: error, key },
+      'oncely: rollback failed; the database ends the transaction when the connection closes',
+    );
+  }
+
   /** The store refused a write because this token no longer owns the key: its lease ran out unrenewed. */
-  fenced(key: string, operation: 'complete' | 'release' | 'renew', log: Logger): void {
+  fenced(key: string, operation: FencedEvent['operation'], log: Logger): void {
     this.hooks.run('onFenced', { adapter: this.hooks.adapter, key, operation }, log);
     log.warn({ key, operation }, this.#texts.fenced);
   }
@@ -224,21 +297,25 @@ export class KeyProtocol {
 
 /**
  * Renews a held key's lease every third of `lockTimeout` until stopped: a renewal the store refuses is fenced
- * (and not tried again), one that fails is reported and tried again.
+ * (and not tried again), one that fails is reported and tried again. With `endsAt`, each renewal asks for
+ * `lockTimeout` or until `endsAt`, whichever comes first, and renewing ends at `endsAt`. `onRenewed` follows each
+ * renewal the store accepted, unless the lease was stopped meanwhile.
  */
 export class Lease {
   readonly #protocol: KeyProtocol;
   readonly #key: string;
   readonly #token: string;
   readonly #log: Logger;
+  readonly #settings: LeaseSettings | undefined;
   #timer: NodeJS.Timeout | undefined;
   #stopped = false;
 
-  constructor(protocol: KeyProtocol, key: string, token: string, log: Logger) {
+  constructor(protocol: KeyProtocol, key: string, token: string, log: Logger, settings?: LeaseSettings) {
     this.#protocol = protocol;
     this.#key = key;
     this.#token = token;
     this.#log = log;
+    this.#settings = settings;
     this.#schedule();
   }
 
@@ -257,11 +334,24 @@ export class Lease {
   static #renew(lease: Lease): void {
     lease.#timer = undefined;
     const protocol = lease.#protocol;
-    protocol.store.renew(lease.#key, lease.#token, protocol.lockTimeoutMs).then(
+    let lockTimeoutMs = protocol.lockTimeoutMs;
+    const endsAt = lease.#settings?.endsAt;
+    if (endsAt !== undefined) {
+      const left = Math.floor(endsAt - Date.now());
+      // Past endsAt nothing is renewed: the lease ends there (or, acquired with the floor, soon after).
+      if (left <= 0) return;
+      if (left < lockTimeoutMs) lockTimeoutMs = left;
+    }
+    protocol.store.renew(lease.#key, lease.#token, lockTimeoutMs).then(
       (renewed) => {
         if (lease.#stopped) return;
-        if (renewed) lease.#schedule();
-        else protocol.fenced(lease.#key, 'renew', lease.#log);
+        if (!renewed) {
+          protocol.fenced(lease.#key, 'renew', lease.#log);
+          return;
+        }
+        lease.#schedule();
+        const onRenewed = lease.#settings?.onRenewed;
+        if (onRenewed !== undefined) lease.#heartbeat(onRenewed);
       },
       (error: unknown) => {
         protocol.hooks.run('onStoreError', { key: lease.#key, operation: 'renew', error }, lease.#log);
@@ -270,19 +360,38 @@ export class Lease {
       },
     );
   }
+
+  /** Calls `onRenewed`; what it throws or rejects with is logged, never an unhandled rejection. */
+  #heartbeat(onRenewed: () => unknown): void {
+    const key = this.#key;
+    const log = this.#log;
+    try {
+      const returned = onRenewed();
+      if (typeof (returned as PromiseLike<unknown> | null)?.then === 'function') {
+        Promise.resolve(returned).catch((error: unknown) =>
+          log.error({ err: error, key }, 'oncely: onRenewed rejected; ignored'),
+        );
+      }
+    } catch (error) {
+      log.error({ err: error, key }, 'oncely: onRenewed threw; ignored');
+    }
+  }
 }
 
 /**
  * What an answer of `acquire` means for the request or call that asked: a record under another fingerprint is a
- * `mismatch` whatever its state (`compare` false: fingerprints are not checked); a status no store gives is
- * `unknown`, a store bug to refuse rather than guess at.
+ * `mismatch` whatever its state (`compare` false: fingerprints are not checked), a resumed one (`acquired` with the
+ * steps and fingerprint an earlier attempt left) included, whose new token the caller then gives back
+ * (`KeyProtocol.giveBack`); a status no store gives is `unknown`, a store bug to refuse rather than guess at.
  */
 export type Verdict = 'acquired' | 'completed' | 'in_progress' | 'mismatch' | 'unknown';
 
 export function verdictOf(result: AcquireResult, fingerprint: string, compare: boolean): Verdict {
   switch (result.status) {
     case 'acquired':
-      return 'acquired';
+      return compare && result.fingerprint !== undefined && result.fingerprint !== fingerprint
+        ? 'mismatch'
+        : 'acquired';
     case 'completed':
     case 'in_progress':
       return compare && result.fingerprint !== fingerprint ? 'mismatch' : result.status;

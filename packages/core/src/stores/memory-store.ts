@@ -5,11 +5,16 @@ import type {
   AcquireResult,
   IdempotencyRecord,
   IdempotencyStore,
+  RecordState,
   StoredResponse,
 } from './store';
 
+/** Options of `MemoryStore`. */
 export interface MemoryStoreOptions {
-  /** Most completed records kept; the least recently used is evicted first. Default: `10_000`. */
+  /**
+   * Most completed records kept; the least recently used is evicted first. Default: `10_000`. Records in progress
+   * and released records that carry steps are not counted and never evicted (see `MemoryStore`).
+   */
   maxEntries?: number;
   /** How often expired records are swept out of memory (reads never see them either way). Default: `'1s'`. */
   sweepInterval?: Duration;
@@ -30,15 +35,27 @@ const clock: () => number =
     ? () => performance.now()
     : Date.now;
 
+/** The steps a record carries (`recordStep`), and until when they keep the record: ttlMs after the latest step. */
+interface Steps {
+  values: Map<string, string>;
+  keptUntil: number;
+}
+
+// A record's `state` says which list holds it: `in_progress` the leases (also once its lease ran out, until the
+// sweep or an acquire looks at it), `completed` the LRU, `released` the released records that carry steps.
 interface Entry {
   key: string;
   fingerprint: string;
-  state: 'in_progress' | 'completed';
+  state: RecordState;
   token: string;
+  // When the lease ends, or ended: for a released record, when it was released.
   lockExpiresAt: number;
+  // When the record is gone: a lease's end; with steps, the later of that and `steps.keptUntil`; a response's ttl.
   expiresAt: number;
   response: StoredResponse | undefined;
-  // Links in the record's list: the LRU of completed records, or the list of leases (older ← → younger).
+  // One field, undefined for a record without steps: no allocation and one test on the paths that have none.
+  steps: Steps | undefined;
+  // Links in the record's list: the LRU of completed records, the leases, or the released records (older ← → younger).
   older: Entry | undefined;
   younger: Entry | undefined;
 }
@@ -79,8 +96,11 @@ function answerSoon<T>(value: T): Promise<T> {
 /**
  * The embedded store: one process, nothing to run. Completed records sit in an LRU bounded by `maxEntries`;
  * in-progress records are never evicted (evicting a live lease would let a duplicate run) and are bounded by
- * the requests in flight. Expiry is exact on every read; the sweep frees expired records' memory, visiting only
- * completed records that have expired (a min-heap) and the leases in flight. The sweep timer is `unref`'d.
+ * the requests in flight. Released records that carry steps are not evicted either (evicting one would run its
+ * recorded steps again on the retry): they are bounded by their ttl, as many as the executions that recorded
+ * steps and did not complete within it. Expiry is exact on every read; the sweep frees expired records' memory,
+ * visiting only completed records that have expired (a min-heap), the leases in flight and the released records.
+ * The sweep timer is `unref`'d.
  *
  * One Map holds every record, and a record is one object from acquire to eviction: `complete` turns the lease
  * into the completed record in place: a first execution costs two Map operations and one heap slot, where separate
@@ -95,6 +115,8 @@ export class MemoryStore implements IdempotencyStore {
   readonly #lru: List = { oldest: undefined, youngest: undefined };
   // The leases in flight, for the sweep: a list through the records, as a Set's table churns on every request.
   readonly #leases: List = { oldest: undefined, youngest: undefined };
+  // Released records that carry steps, for the sweep to drop once they expire.
+  readonly #released: List = { oldest: undefined, youngest: undefined };
   // Min-heap of completed records by `expiresAt`, which never changes once a record is completed. A record
   // evicted or deleted stays in the heap until the sweep pops it (it is no longer the Map's entry for its key);
   // the heap is rebuilt when such stale items outnumber the live ones.
@@ -106,6 +128,7 @@ export class MemoryStore implements IdempotencyStore {
   #slab: Uint8Array | undefined;
   #slabUsed = 0;
 
+  /** Makes an empty store; throws `IdempotencyOptionsError` for a wrong option. */
   constructor(options: MemoryStoreOptions = {}) {
     const maxEntries = options.maxEntries ?? 10_000;
     if (!Number.isSafeInteger(maxEntries) || maxEntries < 1) {
@@ -128,7 +151,7 @@ export class MemoryStore implements IdempotencyStore {
     this.#timer.unref();
   }
 
-  /** Records held (completed and in progress). */
+  /** Records held (completed, in progress, and released ones that carry steps). */
   get size(): number {
     return this.#records.size;
   }
@@ -159,7 +182,10 @@ export class MemoryStore implements IdempotencyStore {
           fingerprint: entry.fingerprint,
           retryAfterMs: Math.ceil(entry.lockExpiresAt - now),
         };
-      } else unlink(this.#leases, entry); // a lease that ran out: taken over below
+      } else if (entry.expiresAt > now) {
+        // Released, or its lease ran out, and kept for its steps: resumed in place.
+        return this.#resume(entry, now, lockTimeoutMs);
+      } else this.#unlinkOpen(entry); // a lease that ran out, or a released record that expired: taken over below
     }
     const token = `m${++this.#tokens}`;
     const expiresAt = now + lockTimeoutMs;
@@ -171,12 +197,30 @@ export class MemoryStore implements IdempotencyStore {
       lockExpiresAt: expiresAt,
       expiresAt,
       response: undefined,
+      steps: undefined,
       older: undefined,
       younger: undefined,
     };
     this.#records.set(key, lease);
     append(this.#leases, lease);
     return { status: 'acquired', token };
+  }
+
+  /** Takes a record that carries steps and is held by nobody: a new token and lease, its fingerprint and steps kept. */
+  #resume(entry: Entry, now: number, lockTimeoutMs: number): AcquireResult {
+    const steps = entry.steps as Steps;
+    this.#unlinkOpen(entry);
+    entry.state = 'in_progress';
+    entry.token = `m${++this.#tokens}`;
+    entry.lockExpiresAt = now + lockTimeoutMs;
+    entry.expiresAt = Math.max(entry.lockExpiresAt, steps.keptUntil);
+    append(this.#leases, entry);
+    return {
+      status: 'acquired',
+      token: entry.token,
+      steps: Object.fromEntries(steps.values),
+      fingerprint: entry.fingerprint,
+    };
   }
 
   complete(key: string, token: string, response: StoredResponse, ttlMs: number): Promise<boolean> {
@@ -193,6 +237,7 @@ export class MemoryStore implements IdempotencyStore {
     if (lease === undefined) return false;
     unlink(this.#leases, lease);
     lease.state = 'completed';
+    lease.steps = undefined;
     lease.response = {
       status: response.status,
       headers: ownHeaders(response.headers),
@@ -229,9 +274,17 @@ export class MemoryStore implements IdempotencyStore {
   }
 
   async release(key: string, token: string): Promise<boolean> {
-    const lease = this.#owned(key, token, clock());
+    const now = clock();
+    const lease = this.#owned(key, token, now);
     if (lease === undefined) return false;
-    this.#removeLease(lease);
+    if (lease.steps !== undefined && lease.steps.keptUntil > now) {
+      // Kept for its steps, free for the next acquire, until ttlMs after its latest step.
+      unlink(this.#leases, lease);
+      lease.state = 'released';
+      lease.lockExpiresAt = now;
+      lease.expiresAt = lease.steps.keptUntil;
+      append(this.#released, lease);
+    } else this.#removeLease(lease);
     this.#wake(key);
     return true;
   }
@@ -240,7 +293,24 @@ export class MemoryStore implements IdempotencyStore {
     const now = clock();
     const lease = this.#owned(key, token, now);
     if (lease === undefined) return false;
-    lease.lockExpiresAt = lease.expiresAt = now + lockTimeoutMs;
+    const lockExpiresAt = now + lockTimeoutMs;
+    lease.lockExpiresAt = lockExpiresAt;
+    lease.expiresAt =
+      lease.steps === undefined ? lockExpiresAt : Math.max(lockExpiresAt, lease.steps.keptUntil);
+    return true;
+  }
+
+  async recordStep(key: string, token: string, name: string, value: string, ttlMs: number): Promise<boolean> {
+    const now = clock();
+    const lease = this.#owned(key, token, now);
+    if (lease === undefined) return false;
+    const keptUntil = now + ttlMs;
+    if (lease.steps === undefined) lease.steps = { values: new Map([[name, value]]), keptUntil };
+    else {
+      lease.steps.values.set(name, value);
+      lease.steps.keptUntil = keptUntil;
+    }
+    lease.expiresAt = Math.max(lease.lockExpiresAt, keptUntil);
     return true;
   }
 
@@ -258,12 +328,14 @@ export class MemoryStore implements IdempotencyStore {
     const wall = Date.now() - now;
     const record: IdempotencyRecord = {
       fingerprint: entry.fingerprint,
-      state: entry.state,
+      // A live record whose lease ran out is one kept for its steps: released, as if the sweep had moved it.
+      state: entry.state === 'in_progress' && entry.lockExpiresAt <= now ? 'released' : entry.state,
       token: entry.token,
       lockExpiresAt: Math.round(entry.lockExpiresAt + wall),
       expiresAt: Math.round(entry.expiresAt + wall),
     };
     if (entry.response !== undefined) record.response = handedOut(entry);
+    if (entry.steps !== undefined) record.steps = Object.fromEntries(entry.steps.values);
     return record;
   }
 
@@ -316,9 +388,15 @@ export class MemoryStore implements IdempotencyStore {
     entry.response = undefined;
   }
 
+  /** Removes a record that is not completed: a lease (live or not), or a released record. */
   #removeLease(entry: Entry): void {
-    unlink(this.#leases, entry);
+    this.#unlinkOpen(entry);
     this.#records.delete(entry.key);
+  }
+
+  /** Takes a record that is not completed out of its list, which its state names. */
+  #unlinkOpen(entry: Entry): void {
+    unlink(entry.state === 'released' ? this.#released : this.#leases, entry);
   }
 
   #owned(key: string, token: string, now: number): Entry | undefined {
@@ -381,8 +459,20 @@ export class MemoryStore implements IdempotencyStore {
     // Leases are few (the requests in flight): look at each rather than keep them in the heap.
     for (let lease = this.#leases.oldest; lease !== undefined; ) {
       const next = lease.younger;
-      if (lease.lockExpiresAt <= now) this.#removeLease(lease);
+      if (lease.expiresAt <= now) this.#removeLease(lease);
+      else if (lease.lockExpiresAt <= now) {
+        // Its lease ran out but its steps keep it: released.
+        unlink(this.#leases, lease);
+        lease.state = 'released';
+        append(this.#released, lease);
+      }
       lease = next;
+    }
+    // Released records with steps: as many as the executions that recorded steps and failed within the ttl.
+    for (let entry = this.#released.oldest; entry !== undefined; ) {
+      const next = entry.younger;
+      if (entry.expiresAt <= now) this.#removeLease(entry);
+      entry = next;
     }
     this.#dropStaleHeapItems();
   }

@@ -3,23 +3,45 @@
  * same status, header names and values (an array stays an array) and bytes.
  */
 export interface StoredResponse {
+  /** The response status. */
   status: number;
+  /** The headers worth replaying, names lower-cased. */
   headers: Record<string, string | string[]>;
+  /** The body's bytes. */
   body: Uint8Array;
 }
 
-export type RecordState = 'in_progress' | 'completed';
+/**
+ * `in_progress`: held by a live lease. `completed`: holds a response. `released`: a record that carries recorded
+ * steps and is held by nobody (released, or its lease ran out): free for the next `acquire`, which resumes it.
+ */
+export type RecordState = 'in_progress' | 'completed' | 'released';
+
+/**
+ * The steps an execution recorded under its key (`recordStep`): each step's name and its result as the engine
+ * encoded it (JSON text; the empty string for `undefined`). A store keeps and gives back these strings as they are.
+ */
+export type RecordedSteps = Readonly<Record<string, string>>;
 
 /** One idempotency record, as `get()` returns it. Times are epoch milliseconds on the store's clock. */
 export interface IdempotencyRecord {
+  /** The fingerprint of the request that made the record. */
   fingerprint: string;
+  /** Whether the record is held, completed or released. */
   state: RecordState;
+  /** The owner's token: the one `acquire` returned to the execution that holds, or held, the key. */
   token: string;
+  /** When the lease of an in-progress record ends. */
   lockExpiresAt: number;
+  /** The stored response of a completed record. */
   response?: StoredResponse;
+  /** When the record expires and the key is free again. */
   expiresAt: number;
+  /** The steps recorded under the key, on an in-progress or released record that carries any. */
+  steps?: RecordedSteps;
 }
 
+/** What `acquire` stores with a new record. */
 export interface AcquireOptions {
   /** Fingerprint of the request; stored with a new record and returned with an existing one. */
   fingerprint: string;
@@ -29,21 +51,40 @@ export interface AcquireOptions {
 
 /** There was no live record (or only an in-progress one whose lease ran out): the caller owns the key. */
 export interface AcquiredResult {
+  /** The caller owns the key. */
   status: 'acquired';
+  /** The owner's token, which `complete`, `release`, `renew` and `recordStep` must be given. */
   token: string;
+  /**
+   * Set when the key's record carried recorded steps (`recordStep`) and nobody held it (released, or its lease ran
+   * out): the steps, for this execution to resume from. Absent (or empty) otherwise.
+   */
+  steps?: RecordedSteps;
+  /**
+   * With `steps`: the fingerprint the record kept (the store keeps the first attempt's fingerprint with its steps,
+   * not the one this acquire passed), for the engine to compare; on a mismatch the engine releases the key again.
+   */
+  fingerprint?: string;
 }
 /** Another owner holds a live lease on the key. */
 export interface InProgressResult {
+  /** Another owner holds the key. */
   status: 'in_progress';
+  /** The fingerprint stored with the record. */
   fingerprint: string;
+  /** Time left on the owner's lease, in ms. */
   retryAfterMs: number;
 }
 /** The key holds a completed record: this is its stored response. */
 export interface CompletedResult {
+  /** The key holds a completed record. */
   status: 'completed';
+  /** The fingerprint stored with the record. */
   fingerprint: string;
+  /** The stored response. */
   response: StoredResponse;
 }
+/** What `acquire` answers: the key is now the caller's, held by another owner, or completed. */
 export type AcquireResult = AcquiredResult | InProgressResult | CompletedResult;
 
 /**
@@ -120,6 +161,24 @@ export interface IdempotencyStore {
    * instead of polling. Optional: the engine polls with backoff when a store lacks it, or when it rejects.
    */
   waitFor?(key: string, timeoutMs: number): Promise<void>;
+  /**
+   * Records one step's result under the token's in-progress record, in one atomic step: `value` (the engine's
+   * encoding of the result, a string of up to the engine's size limit) stored under `name`, replacing a value
+   * already stored under that name. Only while the token owns a live lease: otherwise `false`, nothing written
+   * (the engine stops the execution: another may own the key). A rejection is a store failure.
+   *
+   * From its first step on, a record carries steps, which changes three things:
+   * - `release` and a lease that runs out no longer remove it: it becomes `released` (free for the next
+   *   `acquire`), keeping its fingerprint and steps;
+   * - `acquire` of a released record (or of one whose lease ran out) takes it with a new token and lease, keeps its
+   *   fingerprint and steps, and answers `acquired` with both (`steps`, `fingerprint`);
+   * - it is kept until `ttlMs` after its latest `recordStep` (or its lease's end, whichever is later), and then
+   *   is gone as any expired record (a later `acquire` starts afresh).
+   * `complete` drops the steps: a completed record holds only its response. Steps live in the record's own key
+   * (a Redis Cluster sees no cross-slot operation). Optional: without it, `step()` is refused with an error that
+   * names the store.
+   */
+  recordStep?(key: string, token: string, name: string, value: string, ttlMs: number): Promise<boolean>;
   /** Frees what the store opened itself (timers, its own connections); a client you passed in stays yours. */
   close?(): Promise<void>;
 }
@@ -135,7 +194,9 @@ export interface StoreTransaction {
   /**
    * Writes the completed record and commits. Resolves `true` once committed; `false` when the record is no longer
    * this transaction's to complete (PostgresStore: it rolls back, nothing committed); rejects if the commit failed,
-   * in which case nothing the handler wrote survived either. On `false` the runtime reports the key as fenced
+   * in which case nothing the handler wrote survived either, or with `CommitOutcomeUnknownError` if the COMMIT got
+   * no answer (it may have committed: the HTTP answer is then a 503 that a retry resolves). On `false` the runtime
+   * reports the key as fenced
    * (`onFenced`) and rejects with an error saying nothing was committed: a consumer settles it as a failure
    * (the message is retried), and `PostgresStore.transaction()` rejects with it.
    */
@@ -144,14 +205,32 @@ export interface StoreTransaction {
   rollback(): Promise<void>;
 }
 
+/** `acquireInTransaction` took the key: the record is written in an open transaction the caller now owns. */
 export interface TransactionAcquiredResult {
+  /** The caller owns the key. */
   status: 'acquired';
+  /** The owner's token. */
   token: string;
+  /** The open transaction holding the key, which the handler's writes join. */
   transaction: StoreTransaction;
+  /**
+   * Set when the record taken over carried steps a non-transactional attempt recorded: they are not resumed (steps
+   * in a transaction stay in the attempt's memory), only reported with the record's kept `fingerprint`.
+   */
+  steps?: RecordedSteps;
+  /**
+   * With `steps`: the fingerprint the record kept, for the engine to compare; on a mismatch it rolls the
+   * transaction back, which leaves the record as it was.
+   */
+  fingerprint?: string;
 }
 
 /** A store that can also run executions inside a transaction (`transactional: true`). */
 export interface TransactionalIdempotencyStore extends IdempotencyStore {
+  /**
+   * Like `acquire`, but opens a transaction and writes the in-progress record in it: the key is held while the
+   * transaction is open, and `commit` stores the response with the handler's writes.
+   */
   acquireInTransaction(
     key: string,
     options: AcquireOptions,

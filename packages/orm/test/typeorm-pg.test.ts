@@ -1,0 +1,9 @@
+/**
+ * @services postgres
+ */
+import { join } from 'node:path';
+import { ormSuite } from '@oncely/testing';
+
+jest.setTimeout(30_000);
+
+ormSuite(join(__dirname, 'targets', 'typeorm-pg.ts'));
