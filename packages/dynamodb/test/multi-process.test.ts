@@ -6,8 +6,9 @@ import { DynamoDBStore } from '../src';
 import { type LocalDynamoDB, randomTableName, startDynalite } from './helpers';
 
 // 4 app processes (2 Express, 2 Fastify) on one local DynamoDB, started here and served from this process on
-// 127.0.0.1 until afterAll; 2,000 requests over 200 keys, all fired at once.
-jest.setTimeout(120_000);
+// 127.0.0.1 until afterAll; 2,000 requests over 200 keys, all fired at once. About 30 s alone; 60 to 120 s and more on
+// a loaded machine, since the local DynamoDB shares this process with the 2,000 requests.
+jest.setTimeout(240_000);
 
 const tableName = randomTableName();
 const prefix = `oncely-mp:${randomUUID()}:`;
@@ -69,9 +70,10 @@ test('exactly one execution per key; every other answer is a replay or a 409', a
   // A replay carries the original's body, whichever process ran it.
   const bodyOf = new Map(originals.map((r) => [r.key, r.body]));
   for (const r of replays) expect(r.body).toBe(bodyOf.get(r.key));
-  // All four processes really served: each ran some of the 200.
+  // Executions came from more than one process, so the duplicates really raced across processes. Which
+  // processes win is the scheduler's choice: on a loaded machine one can lose every race.
   const pids = new Set(originals.map((r) => (JSON.parse(r.body) as { pid: number }).pid));
-  expect(pids.size).toBe(4);
+  expect(pids.size).toBeGreaterThanOrEqual(2);
   console.log(
     `multi-process: ${originals.length} executions, ${replays.length} replays, ${conflicts.length} conflicts`,
   );

@@ -64,7 +64,9 @@ describe.each(['plain', 'transactional'])('%s mode', (mode) => {
     expect(originals.length + replays.length + conflicts.length).toBe(2000);
     const bodyOf = new Map(originals.map((r) => [r.key, r.body]));
     for (const r of replays) expect(r.body).toBe(bodyOf.get(r.key));
+    // Executions came from more than one process, so the duplicates really raced across processes. Which
+    // processes win is the scheduler's choice: on a loaded machine one can lose every race.
     const pids = new Set(originals.map((r) => (JSON.parse(r.body) as { pid: number }).pid));
-    expect(pids.size).toBe(4);
+    expect(pids.size).toBeGreaterThanOrEqual(2);
   });
 });

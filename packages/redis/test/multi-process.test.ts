@@ -46,9 +46,10 @@ test('exactly one execution per key; every other answer is a replay or a 409', a
   // A replay carries the original's body, whichever process ran it.
   const bodyOf = new Map(originals.map((r) => [r.key, r.body]));
   for (const r of replays) expect(r.body).toBe(bodyOf.get(r.key));
-  // All four processes really served: each ran some of the 200.
+  // Executions came from more than one process, so the duplicates really raced across processes. Which
+  // processes win is the scheduler's choice: on a loaded machine one can lose every race.
   const pids = new Set(originals.map((r) => (JSON.parse(r.body) as { pid: number }).pid));
-  expect(pids.size).toBe(4);
+  expect(pids.size).toBeGreaterThanOrEqual(2);
   console.log(
     `multi-process: ${originals.length} executions, ${replays.length} replays, ${conflicts.length} conflicts`,
   );
