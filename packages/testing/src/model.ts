@@ -417,12 +417,67 @@ export function watchProcess(): ProcessWatch {
   };
 }
 
-/** A logger that keeps nothing: the model checks answers, not log lines. */
-const quietLogger: Logger = { debug() {}, info() {}, warn() {}, error() {} };
+/**
+ * What the model watches beside the answers: the keys whose lease was lost (oncely logs each, with its key, when
+ * the store refuses a write of a token whose lease ran out), and the longest the event loop stalled. A lease is
+ * renewed every third of `lockTimeout`; a loaded machine that stalls the process longer than that can lose it, and
+ * then running the key again is what oncely promises. Without such a stall, a lost lease is a bug.
+ */
+export interface LeaseWatch {
+  logger: Logger;
+  /** The storage keys (scope and client key) whose lease was lost. */
+  lostKeys: string[];
+  /** The longest the event loop was late, in ms, since the watch started. */
+  maxStallMs(): number;
+  stop(): void;
+}
+
+export function watchLeases(): LeaseWatch {
+  const lostKeys: string[] = [];
+  const noop = () => {};
+  const logger: Logger = {
+    debug: noop,
+    info: noop,
+    error: noop,
+    warn(obj, msg) {
+      const key = (obj as { key?: unknown }).key;
+      if (typeof key === 'string' && msg?.includes('lost its lease')) lostKeys.push(key);
+    },
+  };
+  const tick = 10;
+  let expected = Date.now() + tick;
+  let maxStall = 0;
+  const timer = setInterval(() => {
+    const now = Date.now();
+    maxStall = Math.max(maxStall, now - expected);
+    expected = now + tick;
+  }, tick);
+  timer.unref();
+  return {
+    logger,
+    lostKeys,
+    maxStallMs: () => Math.max(maxStall, Date.now() - expected),
+    stop: () => clearInterval(timer),
+  };
+}
 
 /** Checks one finished sequence; returns the broken invariants (empty if none). */
-function violations(sents: Sent[], finals: Sent[], runs: ModelRun[], processEvents: string[]): string[] {
+function violations(
+  sents: Sent[],
+  finals: Sent[],
+  runs: ModelRun[],
+  processEvents: string[],
+  leases: { lostKeys: string[]; maxStallMs: number; lockTimeout: number },
+): string[] {
   const found: string[] = [];
+  // A stall of a renewal interval or more, with the slower steps around it, can let a lease run out unrenewed.
+  const stalled = leases.maxStallMs >= leases.lockTimeout / 3;
+  if (leases.lostKeys.length > 0 && !stalled)
+    found.push(
+      `[lease kept] ${leases.lostKeys.length} lease(s) lost though the event loop never stalled longer than ${leases.maxStallMs} ms (renewal every ${Math.round(leases.lockTimeout / 3)} ms)`,
+    );
+  const lost = (run: ModelRun) =>
+    stalled && leases.lostKeys.some((k) => k === run.key || k.endsWith(` ${run.key}`));
   for (const event of processEvents) found.push(`[process alive] ${event}`);
   const byId = new Map(runs.map((run) => [run.id, run]));
   for (const sent of [...sents, ...finals]) {
@@ -495,6 +550,8 @@ function violations(sents: Sent[], finals: Sent[], runs: ModelRun[], processEven
     list.sort((a, b) => a.start - b.start);
     list.forEach((run, i) => {
       for (const earlier of list.slice(0, i)) {
+        // A run that lost its lease in a stall released its key, as a lapsed lease does.
+        if (lost(earlier)) continue;
         if (earlier.handed === undefined || earlier.handed > run.start)
           found.push(
             `[at most once] ${group}: run ${run.id} (${run.route}) started while run ${earlier.id} (${earlier.route}) still ran`,
@@ -608,9 +665,10 @@ export async function runSequence(
   lockTimeout: number,
 ): Promise<{ violations: string[]; trace: string[] }> {
   const watch = watchProcess();
+  const leases = watchLeases();
   const recorder = new ModelRecorder();
   const tag = randomUUID().slice(0, 8);
-  const app = await factory({ store, lockTimeout, recorder, logger: quietLogger });
+  const app = await factory({ store, lockTimeout, recorder, logger: leases.logger });
   const sents: Sent[] = [];
   const finals: Sent[] = [];
   const extra: string[] = [];
@@ -654,10 +712,20 @@ export async function runSequence(
   } finally {
     await app.close().catch(() => {});
     watch.stop();
+    leases.stop();
   }
+  const maxStallMs = leases.maxStallMs();
   return {
-    violations: [...extra, ...violations(sents, finals, recorder.runs, watch.events)],
+    violations: [
+      ...extra,
+      ...violations(sents, finals, recorder.runs, watch.events, {
+        lostKeys: leases.lostKeys,
+        maxStallMs,
+        lockTimeout,
+      }),
+    ],
     trace: [
+      `event loop stalled at most ${maxStallMs} ms; leases lost: ${leases.lostKeys.length === 0 ? 'none' : leases.lostKeys.join(', ')}`,
       ...[...sents, ...finals].map(describeSent),
       ...recorder.runs.map(
         (run) =>
