@@ -211,6 +211,36 @@ describe('lease renewal and fencing', () => {
       jest.useRealTimers();
     }
   });
+
+  test('a slow renewal does not delay the next one: renewals are sent a third of the lease apart', async () => {
+    // Fake timers: the store's slowness is exact, and the clock moves only when told.
+    jest.useFakeTimers({ doNotFake: ['setImmediate', 'nextTick', 'queueMicrotask'] });
+    try {
+      const store = new MemoryStore();
+      const sent: number[] = [];
+      const start = Date.now();
+      const slow: IdempotencyStore = {
+        acquire: (k, o) => store.acquire(k, o),
+        complete: (k, t, r, ttl) => store.complete(k, t, r, ttl),
+        release: (k, t) => store.release(k, t),
+        // Each renewal takes 80 of the 100 ms between renewals.
+        renew: async (k, t, ms) => {
+          sent.push(Date.now() - start);
+          await new Promise((resolve) => setTimeout(resolve, 80));
+          return store.renew(k, t, ms);
+        },
+      };
+      const engine = new Idempotency({ store: slow, lockTimeout: 300 });
+      const execution = expectExecute(await engine.handle(input('slow-renew')));
+      await jest.advanceTimersByTimeAsync(450);
+      // Counted from each answer instead, they would go at 100, 280 and 460 ms.
+      expect(sent).toEqual([100, 200, 300, 400]);
+      await execution.complete(ok);
+      await store.close();
+    } finally {
+      jest.useRealTimers();
+    }
+  });
 });
 
 describe('wait mode without a store wake-up', () => {

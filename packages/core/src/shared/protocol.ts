@@ -324,9 +324,14 @@ export class Lease {
     if (this.#timer !== undefined) clearTimeout(this.#timer);
   }
 
-  #schedule(): void {
+  /** Schedules the next renewal a third of `lockTimeout` after `sentAt`, when the previous renewal was sent. */
+  #schedule(sentAt?: number): void {
+    const interval = Math.floor(this.#protocol.lockTimeoutMs / 3);
+    // Counted from when the previous call was sent, not from its answer: a slow store round trip then delays the
+    // next renewal by nothing, instead of adding its whole length to the gap the lease must outlast.
+    const delay = sentAt === undefined ? interval : interval - (Date.now() - sentAt);
     // The lease rides as the timer's argument rather than in a closure made per renewal.
-    this.#timer = setTimeout(Lease.#renew, Math.max(1, Math.floor(this.#protocol.lockTimeoutMs / 3)), this);
+    this.#timer = setTimeout(Lease.#renew, Math.max(1, delay), this);
     // A pending renewal must not keep a process alive on its own.
     this.#timer.unref();
   }
@@ -342,6 +347,7 @@ export class Lease {
       if (left <= 0) return;
       if (left < lockTimeoutMs) lockTimeoutMs = left;
     }
+    const sentAt = Date.now();
     protocol.store.renew(lease.#key, lease.#token, lockTimeoutMs).then(
       (renewed) => {
         if (lease.#stopped) return;
@@ -349,14 +355,14 @@ export class Lease {
           protocol.fenced(lease.#key, 'renew', lease.#log);
           return;
         }
-        lease.#schedule();
+        lease.#schedule(sentAt);
         const onRenewed = lease.#settings?.onRenewed;
         if (onRenewed !== undefined) lease.#heartbeat(onRenewed);
       },
       (error: unknown) => {
         protocol.hooks.run('onStoreError', { key: lease.#key, operation: 'renew', error }, lease.#log);
         lease.#log.warn({ err: error, key: lease.#key }, 'oncely: lease renewal failed; retrying');
-        if (!lease.#stopped) lease.#schedule();
+        if (!lease.#stopped) lease.#schedule(sentAt);
       },
     );
   }
