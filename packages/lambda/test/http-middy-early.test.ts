@@ -17,6 +17,8 @@ interface Line {
   answers: Result[];
   runsAt: number[];
   renewed: number;
+  /** What the case threw, if it did. */
+  error?: string;
 }
 
 let lines: Line[] = [];
@@ -107,5 +109,13 @@ describe('idempotencyMiddleware used after the middleware that answers early', (
       null,
       null,
     ]);
+  });
+
+  test('after a JSON body parser: the fingerprint reads the parsed body, key order aside', () => {
+    const line = caseOf('a JSON body parser used before oncely');
+    expect(line.error).toBeUndefined();
+    expect(statuses(line)).toEqual([201, 201, 422]);
+    expect(replayed(line)).toEqual([false, true, false]);
+    expect(line.runsAt).toEqual([1]);
   });
 });
