@@ -101,7 +101,10 @@ export function hold(event: object, holder: Holder): () => void {
 export type NestedDecision =
   /** Leave it to the outer one: run the handler under its execution. */
   | { outer: Outer; refusal?: undefined }
-  /** Refused (the outer one's key is released already): send this answer, the handler not run. */
+  /**
+   * Refused (the outer one's key is released already, or by the router's middleware once the route returns): send
+   * this answer, the handler not run.
+   */
   | { outer?: undefined; refusal: StoredResponse };
 
 /** A Lambda handler of HTTP events: `(event, context) => result`. */
