@@ -49,6 +49,22 @@ export function routed(seen: Seen, appWide: Options | undefined, route: Options 
   return (event, context) => app.resolve(event, context) as Promise<Result>;
 }
 
+/**
+ * A Powertools router with `routerIdempotency` in `app.use()` (`where: 'app'`) or on the route, whose route hands
+ * the event to a Lambda handler of its own (`withIdempotency`, Middy), as an app moving onto the router does.
+ */
+export function routedTo(inner: Invoke, where: 'app' | 'route', options: Options): Invoke {
+  const app = new Router();
+  // Every result here has a statusCode and a body, which the router needs to take it as a proxy result.
+  const route = async ({ event, context }: { event: unknown; context: Context }) =>
+    (await inner(event as Event, context)) as Result & { statusCode: number; body: string };
+  if (where === 'app') {
+    app.use(routerIdempotency(opts(options)));
+    app.post('/charges', route);
+  } else app.post('/charges', [routerIdempotency(opts(options))], route);
+  return (event, context) => app.resolve(event, context) as Promise<Result>;
+}
+
 export interface Combo {
   /** The handler covered twice, `outer` taking the event first. */
   nested(seen: Seen, outer: Options, inner: Options): Invoke;

@@ -24,13 +24,17 @@ const COMBOS = [
   'one middleware used twice',
   'two middlewares',
   'the router inside Middy',
+  'Middy inside the router (app.use)',
+  'Middy inside the router (the route)',
 ];
 // Middy runs the handler outside its middlewares: currentIdempotency() reaches it only where the registration
-// that handles the event runs it (withIdempotency, the router's middleware).
+// that handles the event runs it (withIdempotency, the router's middleware), or runs Middy.
 const CURRENT_REACHES = new Set([
   'withIdempotency inside Middy',
   'Middy inside withIdempotency',
   'the router inside Middy',
+  'Middy inside the router (app.use)',
+  'Middy inside the router (the route)',
 ]);
 
 let lines: Line[] = [];

@@ -1,8 +1,8 @@
 /**
  * @services redis
  */
-// One handler covered by two registrations (withIdempotency twice, the Powertools router's middleware twice or
-// inside withIdempotency): one of them handles each event. Middy's cases: http-nested-middy.test.ts.
+// One handler covered by two registrations (withIdempotency twice, the Powertools router's middleware twice, inside
+// withIdempotency or around it): one of them handles each event. Middy's cases: http-nested-middy.test.ts.
 import { withIdempotency } from '../src';
 import {
   agreeing,
@@ -15,6 +15,7 @@ import {
   opts,
   refused,
   routed,
+  routedTo,
 } from './http-nested-cases';
 import { redisStores, type TestStores } from './http-stores';
 
@@ -37,6 +38,14 @@ const COMBOS: ReadonlyArray<[string, Combo]> = [
       single: (seen, outer) => routed(seen, outer, undefined),
     },
   ],
+  ...(['app', 'route'] as const).map((where): [string, Combo] => [
+    `withIdempotency inside routerIdempotency (${where === 'app' ? 'app.use' : 'the route'})`,
+    {
+      nested: (seen, outer, inner) =>
+        routedTo(withIdempotency(eventHandler(seen), opts(inner)) as Invoke, where, outer),
+      single: (seen, outer) => routedTo(eventHandler(seen), where, outer),
+    },
+  ]),
   [
     'routerIdempotency inside withIdempotency',
     {

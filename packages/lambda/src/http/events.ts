@@ -132,8 +132,11 @@ const JSON_TYPE = /^application\/(?:[\w.+-]*\+)?json\s*(?:;|$)/i;
  * and the record matches one the other adapters make for the same request), anything else as its bytes.
  */
 export function bodyOf(event: HttpEvent, headers: Record<string, string | string[]>): unknown {
-  const raw = event.body;
+  const raw: unknown = event.body;
   if (raw === undefined || raw === null || raw === '') return undefined;
+  // Parsed already by a middleware before oncely (Middy's http-json-body-parser, which a Middy handler uses before
+  // idempotencyMiddleware): hashed as that JSON value, as the same JSON text would be.
+  if (typeof raw !== 'string') return raw;
   const bytes = Buffer.from(raw, event.isBase64Encoded ? 'base64' : 'utf8');
   if (bytes.byteLength === 0) return undefined;
   const type = headers['content-type'];

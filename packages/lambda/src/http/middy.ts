@@ -31,9 +31,10 @@ interface Running {
 /**
  * The same as `withIdempotency`, as a Middy middleware: `middy(handler).use(idempotencyMiddleware({ store }))`.
  * `before` answers a replay or a problem at once (Middy's early response: the handler does not run), `after`
- * stores the response the handler left, `onError` releases the key. Use it last (nearest the handler) so that what
- * it stores is what the handler returned and middlewares outside it transform replays too. The handler reads its key
- * with `idempotencyOf(event)`: Middy runs it outside the middleware, so `currentIdempotency()` does not reach it.
+ * stores the response the handler left, `onError` releases the key. Use it last: Middy runs no further middleware
+ * after an early response, so one used after this one that answers early leaves the key held until its lease ends,
+ * and no other middleware's `after` runs on a replay. The handler reads its key with `idempotencyOf(event)`: Middy
+ * runs it outside the middleware, so `currentIdempotency()` does not reach it.
  */
 export function idempotencyMiddleware<E extends HttpEvent = HttpEvent, R = unknown>(
   options: LambdaIdempotencyOptions<E> = {},

@@ -1,7 +1,9 @@
-import { registrationMade, respondOnce, toResponse } from '@oncely/web/adapter';
+import type { Registration } from '@oncely/core/adapter';
+import { HandlerFailure, registrationMade, respondOnce, toResponse } from '@oncely/web/adapter';
 import type { Context } from 'aws-lambda';
 import type { HttpEvent } from './events';
 import {
+  hold,
   LambdaHttp,
   type LambdaIdempotencyOptions,
   type NestedDecision,
@@ -66,9 +68,30 @@ export function routerIdempotency(
         registration,
       },
       async (context) => {
-        if (context !== undefined) noteContext(reqCtx.event, context);
-        await next();
-        return reqCtx.res;
+        if (context === undefined) {
+          await next();
+          return reqCtx.res;
+        }
+        noteContext(reqCtx.event, context);
+        // The route may hand the event to a `withIdempotency` or Middy handler of its own: it meets this mark, as
+        // it would `withIdempotency`'s around it, and leaves the event to this one or refuses it.
+        let refusal: { error: Error } | undefined;
+        const finished = hold(reqCtx.event, {
+          registration: registration as Registration<never>,
+          // respondOnce runs this inside the execution: currentIdempotency() answers in the route already.
+          outer: { run: (fn) => fn() },
+          refused: async (error) => {
+            refusal = { error };
+          },
+          invocation: undefined,
+        });
+        try {
+          await next();
+        } finally {
+          finished();
+        }
+        // A registration nearer the handler refused the event: its answer is sent, the key released, nothing stored.
+        return refusal === undefined ? reqCtx.res : new HandlerFailure(refusal.error, reqCtx.res);
       },
     );
   };

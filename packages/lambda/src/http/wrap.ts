@@ -54,13 +54,22 @@ export function noteContext(event: object, context: IdempotencyContext): void {
   contexts.set(event, context);
 }
 
+/** The registration that took an event, as a nested one leaving the event to it runs the handler under it. */
+export interface Outer {
+  /** Runs `fn` (the handler) under the outer one's execution: `currentIdempotency()` answers inside it. */
+  run<T>(fn: () => T): T;
+}
+
 /**
- * The registration that took an event, while its handler runs: another one the same event meets nearer the handler
- * (a handler wrapped twice, a Middy middleware with `withIdempotency` inside it) leaves the event to it or refuses it.
+ * @internal The registration that took an event, while its handler runs: another one the same event meets nearer
+ * the handler (a handler wrapped twice, a Middy middleware with `withIdempotency` inside it, the router's middleware
+ * around either) leaves the event to it or refuses it.
  */
-interface Holder {
+export interface Holder {
   readonly registration: Registration<never>;
-  readonly execution: Execution;
+  readonly outer: Outer;
+  /** A registration nearer the handler refused the event: the holder's key is to be released, nothing stored. */
+  readonly refused: (error: Error) => Promise<void>;
   /**
    * Middy's request object when a Middy middleware took the event. Middy skips the `after` phase after an early
    * response, leaving the mark behind: that middleware meeting its own mark in another invocation is not nested.
@@ -76,11 +85,26 @@ export function takenFirst(event: unknown): boolean {
   return typeof event === 'object' && event !== null && holders.has(event);
 }
 
+/**
+ * @internal Notes that `holder` took `event` (the Powertools router's middleware does too, its handler possibly a
+ * `withIdempotency` or Middy handler of the same event); the function returned removes the note once the handler
+ * has finished.
+ */
+export function hold(event: object, holder: Holder): () => void {
+  holders.set(event, holder);
+  return () => {
+    if (holders.get(event) === holder) holders.delete(event);
+  };
+}
+
 /** What a registration does with an event another one took first (`LambdaHttp.nested`). */
 export type NestedDecision =
   /** Leave it to the outer one: run the handler under its execution. */
-  | { outer: Execution; refusal?: undefined }
-  /** Refused (the outer one's key is released already): send this answer, the handler not run. */
+  | { outer: Outer; refusal?: undefined }
+  /**
+   * Refused (the outer one's key is released already, or by the router's middleware once the route returns): send
+   * this answer, the handler not run.
+   */
   | { outer?: undefined; refusal: StoredResponse };
 
 /** A Lambda handler of HTTP events: `(event, context) => result`. */
@@ -148,7 +172,7 @@ export class LambdaHttp<E> {
     request: EventRequest,
     context: Context | undefined,
     invocation?: object,
-  ): Promise<{ result?: ResultFor<E>; execution?: Execution; outer?: Execution }> {
+  ): Promise<{ result?: ResultFor<E>; execution?: Execution; outer?: Outer }> {
     const engine = this.engine;
     if (engine.passes(request.method, request.headers[engine.options.header] !== undefined)) return {};
     // A WeakMap lookup, and no await, unless another registration took the event first.
@@ -169,12 +193,14 @@ export class LambdaHttp<E> {
     if (decision.action === 'pass') return {};
     if (decision.action === 'respond') return { result: toResult<ResultFor<E>>(decision.response, request) };
     contexts.set(event as object, decision.execution.context);
-    holders.set(event as object, {
+    const { execution } = decision;
+    hold(event as object, {
       registration: this.registration as Registration<never>,
-      execution: decision.execution,
+      outer: execution,
+      refused: (error) => execution.fail(error),
       invocation,
     });
-    return { execution: decision.execution };
+    return { execution };
   }
 
   /**
@@ -192,17 +218,17 @@ export class LambdaHttp<E> {
     const names = own
       ? []
       : conflictingOptions(holder.registration.engine.options, this.registration as Registration<never>);
-    if (names.length === 0) return { outer: holder.execution };
+    if (names.length === 0) return { outer: holder.outer };
     const refusal = refuseNested(holder.registration, this.registration as Registration<never>, names);
     // Released here, not by the outer one when its handler returns: Middy runs no `after` after an early response.
     holders.delete(event);
-    await holder.execution.fail(refusal.error);
+    await holder.refused(refusal.error);
     return { refusal: refusal.response };
   }
 
   /** The handler of an event this registration took has finished: another invocation of it is not nested. */
   #finished(event: object, execution: Execution): void {
-    if (holders.get(event)?.execution === execution) holders.delete(event);
+    if (holders.get(event)?.outer === execution) holders.delete(event);
   }
 
   /**
