@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import type { AcquiredResult, AcquireResult, IdempotencyStore, StoredResponse } from '@oncely/core';
+import { onTime, type Within } from './timing';
 
 type RecordStep = NonNullable<IdempotencyStore['recordStep']>;
 type Steps = Readonly<Record<string, string>>;
@@ -60,9 +61,10 @@ function assertResumed(
 export function stepsTests(context: StepsContext): void {
   const { key, shortMs } = context;
 
+  // A body that times a window with `within` is run again, on fresh keys, when it was late.
   const stepsTest = (
     name: string,
-    body: (store: IdempotencyStore, recordStep: RecordStep) => Promise<void>,
+    body: (store: IdempotencyStore, recordStep: RecordStep, within: Within) => Promise<void>,
   ): void => {
     context.test(name, async () => {
       const store = context.store();
@@ -70,9 +72,18 @@ export function stepsTests(context: StepsContext): void {
         context.noteSkipped();
         return;
       }
-      await body(store, store.recordStep.bind(store));
+      const recordStep = store.recordStep.bind(store);
+      await onTime((within) => body(store, recordStep, within));
     });
   };
+
+  /** Acquires `k` with a lease of `shortMs` and records step `a` into it before the lease can have run out. */
+  const shortLeaseWithStep = (within: Within, store: IdempotencyStore, recordStep: RecordStep, k: string) =>
+    within('a step within the lease', shortMs, async () => {
+      const owner = acquired(await store.acquire(k, lease('fp-1', shortMs)));
+      assert.equal(await recordStep(k, owner.token, 'a', '"A"', LONG), true);
+      return owner;
+    });
 
   stepsTest(
     'recordStep acts only for the owner of a live lease: not another token, nor after release or complete',
@@ -162,10 +173,9 @@ export function stepsTests(context: StepsContext): void {
 
   stepsTest(
     'recordStep: a lease with steps that ran out is fenced off, then resumed with its fingerprint and steps',
-    async (store, recordStep) => {
+    async (store, recordStep, within) => {
       const k = key();
-      const first = acquired(await store.acquire(k, lease('fp-1', shortMs)));
-      assert.equal(await recordStep(k, first.token, 'a', '"A"', LONG), true);
+      const first = await shortLeaseWithStep(within, store, recordStep, k);
       await sleep(shortMs * 3);
       // Nobody took it over yet: still not the old token's.
       assert.equal(
@@ -216,19 +226,21 @@ export function stepsTests(context: StepsContext): void {
 
   stepsTest(
     'recordStep: complete drops the steps; once its ttl ran out the key starts afresh',
-    async (store, recordStep) => {
+    async (store, recordStep, within) => {
       const k = key();
       const first = acquired(await store.acquire(k, lease('fp-1')));
       assert.equal(await recordStep(k, first.token, 'a', '"A"', LONG), true);
-      assert.equal(await store.complete(k, first.token, response, shortMs), true);
-      const done = await store.acquire(k, lease('fp-2'));
-      if (done.status !== 'completed') assert.fail(`expected completed, got ${done.status}`);
-      assert.equal(done.fingerprint, 'fp-1');
-      if (store.get !== undefined) {
-        const record = await store.get(k);
-        assert.equal(record?.state, 'completed');
-        assert.deepEqual(stepsOf(record), {}, 'a completed record still carries steps');
-      }
+      await within('reads within the ttl', shortMs, async () => {
+        assert.equal(await store.complete(k, first.token, response, shortMs), true);
+        const done = await store.acquire(k, lease('fp-2'));
+        if (done.status !== 'completed') assert.fail(`expected completed, got ${done.status}`);
+        assert.equal(done.fingerprint, 'fp-1');
+        if (store.get !== undefined) {
+          const record = await store.get(k);
+          assert.equal(record?.state, 'completed');
+          assert.deepEqual(stepsOf(record), {}, 'a completed record still carries steps');
+        }
+      });
       await sleep(shortMs * 3);
       // The steps' own ttl (a minute) must not keep them: they went with complete.
       const fresh = acquired(await store.acquire(k, lease('fp-3')));
@@ -245,22 +257,25 @@ export function stepsTests(context: StepsContext): void {
 
   stepsTest(
     'recordStep: a released record expires ttlMs after its latest step, then the key starts afresh',
-    async (store, recordStep) => {
+    async (store, recordStep, within) => {
       const k = key();
       const ttl = shortMs * 6;
       const first = acquired(await store.acquire(k, lease('fp-1')));
       assert.equal(await recordStep(k, first.token, 'a', '"A"', ttl), true);
       await sleep(shortMs * 3);
-      const secondStepAt = Date.now();
-      assert.equal(await recordStep(k, first.token, 'b', '"B"', ttl), true);
-      const secondStepDone = Date.now();
-      assert.equal(await store.release(k, first.token), true);
-      // Past the first step's ttl by 1.5 shortMs, 1.5 shortMs before the second's ends: the record is still kept.
-      await sleepUntil(secondStepAt + shortMs * 4.5);
-      const second = assertResumed(await store.acquire(k, lease('fp-2')), {
-        steps: stepsFrom(['a', '"A"'], ['b', '"B"']),
-        fingerprint: 'fp-1',
-        notToken: [first.token],
+      let secondStepDone = 0;
+      const second = await within("resume within the second step's ttl", ttl, async () => {
+        const secondStepAt = Date.now();
+        assert.equal(await recordStep(k, first.token, 'b', '"B"', ttl), true);
+        secondStepDone = Date.now();
+        assert.equal(await store.release(k, first.token), true);
+        // Past the first step's ttl by 1.5 shortMs, 1.5 shortMs before the second's ends: the record is still kept.
+        await sleepUntil(secondStepAt + shortMs * 4.5);
+        return assertResumed(await store.acquire(k, lease('fp-2')), {
+          steps: stepsFrom(['a', '"A"'], ['b', '"B"']),
+          fingerprint: 'fp-1',
+          notToken: [first.token],
+        });
       });
       assert.equal(await store.release(k, second.token), true);
       // Well past the second step's ttl (and the lease's end, at the release just now).
@@ -273,7 +288,7 @@ export function stepsTests(context: StepsContext): void {
 
   stepsTest(
     'recordStep: get shows the steps, and a record released or whose lease ran out as released',
-    async (store, recordStep) => {
+    async (store, recordStep, within) => {
       if (store.get === undefined) return;
       const slack = Math.max(1_000, shortMs * 2);
       const k = key();
@@ -309,8 +324,7 @@ export function stepsTests(context: StepsContext): void {
       assert.deepEqual(stepsOf(resumed), stepsFrom(['a', '"A"']));
 
       const lapsed = key('lapsed');
-      const owner = acquired(await store.acquire(lapsed, lease('fp-1', shortMs)));
-      assert.equal(await recordStep(lapsed, owner.token, 'a', '"A"', LONG), true);
+      await shortLeaseWithStep(within, store, recordStep, lapsed);
       await sleep(shortMs * 3);
       const ran = await store.get(lapsed);
       assert.equal(ran?.state, 'released', 'a lease with steps that ran out must read as released');
@@ -344,7 +358,7 @@ export function stepsTests(context: StepsContext): void {
 
   stepsTest(
     'recordStep: waitFor wakes on the release of a record with steps, and does not wait on a released one',
-    async (store, recordStep) => {
+    async (store, recordStep, within) => {
       if (store.waitFor === undefined) return;
       const k = key();
       const first = acquired(await store.acquire(k, lease('fp-1')));
@@ -365,8 +379,7 @@ export function stepsTests(context: StepsContext): void {
       assert.ok(Date.now() - again < 10_000, 'waitFor waited on a released record, which nobody holds');
 
       const lapsed = key('lapsed');
-      const owner = acquired(await store.acquire(lapsed, lease('fp-1', shortMs)));
-      assert.equal(await recordStep(lapsed, owner.token, 'a', '"A"', LONG), true);
+      await shortLeaseWithStep(within, store, recordStep, lapsed);
       await sleep(shortMs * 3);
       const asked = Date.now();
       await store.waitFor(lapsed, 20_000);
@@ -448,14 +461,13 @@ export function stepsTests(context: StepsContext): void {
 
   stepsTest(
     'recordStep: of 20 concurrent acquires of a released record with steps, or of a lease with steps that ran out, exactly one resumes it',
-    async (store, recordStep) => {
+    async (store, recordStep, within) => {
       const released = key('released');
       const lapsed = key('lapsed');
       const releasing = acquired(await store.acquire(released, lease('fp-1')));
       assert.equal(await recordStep(released, releasing.token, 'a', '"A"', LONG), true);
       assert.equal(await store.release(released, releasing.token), true);
-      const lapsing = acquired(await store.acquire(lapsed, lease('fp-1', shortMs)));
-      assert.equal(await recordStep(lapsed, lapsing.token, 'a', '"A"', LONG), true);
+      await shortLeaseWithStep(within, store, recordStep, lapsed);
       await sleep(shortMs * 3);
       for (const k of [released, lapsed]) {
         const results = await Promise.all(Array.from({ length: 20 }, () => store.acquire(k, lease('fp-2'))));
