@@ -142,3 +142,12 @@ export {
   startChargeProvider,
 } from './steps-crash';
 export { type StoreSuiteOptions, storeContractSuite } from './store-suite';
+export {
+  type TransactionalChargeBody,
+  type TransactionalSuiteOptions,
+  type TransactionalSuiteRequest,
+  type TransactionalSuiteStore,
+  type TransactionalSuiteTarget,
+  transactionalSuite,
+  transactionalSuiteApp,
+} from './transactional-suite';
