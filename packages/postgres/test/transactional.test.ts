@@ -6,7 +6,7 @@ import { startAppProcess, type TransactionalSuiteTarget, transactionalSuite } fr
 import type { PoolClient } from 'pg';
 import request from 'supertest';
 import { PostgresStore, transactionClient } from '../src';
-import { connectionString, testSchema } from './helpers';
+import { connectionString, pgSuiteParts, testSchema } from './helpers';
 
 jest.setTimeout(60_000);
 
@@ -30,27 +30,12 @@ beforeAll(async () => {
 });
 afterAll(() => db.drop());
 
-const insertCharge = () => `INSERT INTO "${db.schema}".charges (key) VALUES ($1)`;
-
 const target: TransactionalSuiteTarget<PoolClient> = {
   get store() {
     return store;
   },
   transactionOf: (req) => transactionClient(req),
-  charge: (client, key) => client.query(insertCharge(), [key]),
-  chargeOutside: (key) => db.pool().query(insertCharge(), [key]),
-  count: async (key) =>
-    Number(
-      (await db.pool().query(`SELECT count(*) FROM "${db.schema}".charges WHERE key = $1`, [key])).rows[0]
-        .count,
-    ),
-  recordState: async (key) =>
-    (await db.pool().query(`SELECT state FROM "${db.schema}".oncely_idempotency WHERE key = $1`, [key]))
-      .rows[0]?.state as string | undefined,
-  // A second row under the deferred unique constraint: accepted now, refused at COMMIT.
-  breakCommit: async (client) => {
-    await client.query(`INSERT INTO "${db.schema}".deferred VALUES (1)`);
-  },
+  ...pgSuiteParts(db),
   expectIdle: () => {
     const pool = db.pool();
     expect({ idle: pool.idleCount, waiting: pool.waitingCount }).toEqual({

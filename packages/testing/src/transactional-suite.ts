@@ -1,38 +1,27 @@
 import {
   currentIdempotency,
-  type Duration,
   IdempotencyInProgressError,
   IdempotencyMismatchError,
   IdempotencySetupError,
   OncelyError,
 } from '@oncely/core';
-import type { IdempotencyRecord, TransactionalIdempotencyStore } from '@oncely/core/adapter';
 import { idempotency } from '@oncely/express';
 import { idempotencyPlugin } from '@oncely/fastify';
 import express from 'express';
 import Fastify from 'fastify';
 import request from 'supertest';
 import { sleep } from './consumers';
+import type { OrmSuiteRequest, OrmSuiteStore } from './orm-suite';
 import { type Gate, gate } from './outages';
 
 // The shared proof of a SQL store's transactional mode over HTTP and of its store.transaction(): the handler's row and
 // the record commit together or not at all. Each store package runs it on its own driver, tables and server.
 
 /** What a request carries in transactional mode (`req.idempotency`). */
-export interface TransactionalSuiteRequest {
-  idempotency?: { db: unknown } | undefined;
-}
+export type TransactionalSuiteRequest = OrmSuiteRequest;
 
 /** A store that runs the handler in its transaction (a MySQLStore or PostgresStore), as the suite uses it. */
-export interface TransactionalSuiteStore<Tx> extends TransactionalIdempotencyStore {
-  get(key: string): Promise<IdempotencyRecord | undefined>;
-  /** Runs `work` once per key in one transaction that also writes the completion. */
-  transaction<T>(
-    key: string,
-    options: { fingerprint?: string; ttl?: Duration },
-    work: (tx: Tx) => Promise<T>,
-  ): Promise<{ outcome: 'executed' | 'replayed'; result: T }>;
-}
+export type TransactionalSuiteStore<Tx> = OrmSuiteStore<Tx>;
 
 /** What differs between two stores: the store, the driver's transaction, and the SQL of the checks. */
 export interface TransactionalSuiteTarget<Tx> {
@@ -65,7 +54,7 @@ export interface TransactionalChargeBody {
 
 /**
  * An Express app in transactional mode: `POST /charges` writes a charge on the request's transaction, holds at the
- * key's gate if there is one, then fails or answers 201 `{ charged: amount }` as the body asks. `store` replaces the
+ * key's gate if there is one, then fails or answers 201 `{ charged: amount }` (header `x-charge: yes`) as the body asks. `store` replaces the
  * target's (another pool), `wait` makes duplicates wait for the first instead of getting 409.
  */
 export function transactionalSuiteApp<Tx>(
@@ -93,7 +82,7 @@ export function transactionalSuiteApp<Tx>(
       await held?.wait;
       if (body.fail === true) throw new Error('handler failed after its write');
       if (body.breakCommit === true) await target.breakCommit(tx);
-      res.status(201).json({ charged: body.amount });
+      res.status(201).set('x-charge', 'yes').json({ charged: body.amount });
     } catch (error) {
       next(error);
     }
@@ -133,8 +122,15 @@ export function transactionalSuite<Tx>({
       const replay = await post(app, 'together', { amount: 5 });
       expect(replay.status).toBe(201);
       expect(replay.headers['idempotent-replayed']).toBe('true');
+      expect(replay.headers['x-charge']).toBe('yes');
       expect(replay.body).toEqual({ charged: 5 });
       expect(await t().count('together')).toBe(1);
+      // The store reads back what it committed, whatever the driver hands it (a Buffer for the body).
+      const record = await t().store.get('together');
+      expect(record?.state).toBe('completed');
+      expect(record?.response?.status).toBe(201);
+      expect(Buffer.isBuffer(record?.response?.body)).toBe(true);
+      expect(JSON.parse(String(record?.response?.body))).toEqual({ charged: 5 });
       idle();
     });
 
@@ -145,6 +141,7 @@ export function transactionalSuite<Tx>({
       expect(await t().recordState('fails')).toBeUndefined();
       await post(app, 'fails', { amount: 1, fail: true }).expect(500);
       expect(await t().count('fails')).toBe(0);
+      expect(await t().recordState('fails')).toBeUndefined();
       await post(app, 'fails', { amount: 1 }).expect(201);
       expect(await t().count('fails')).toBe(1);
       idle();
