@@ -1,25 +1,27 @@
 /**
  * @services mariadb-server
  */
-import type { Server } from 'node:http';
 import { idempotency } from '@oncely/express';
 import {
-  closeServers,
+  endOutages,
   expect503,
-  type Gate,
-  gate,
-  gatedRoute,
+  expectRanOnceEach,
   killAndRestart,
-  listen,
+  killInFlight,
   type OutageApp,
+  type OutageChecks,
+  type OutageState,
   type PrivateMariadb,
+  pauseInFlight,
+  type ServedOutageApp,
   servedAfterResume,
+  serveOutageApp,
+  sleep,
   startMariadbServer,
   until,
 } from '@oncely/testing';
-import express from 'express';
+import type express from 'express';
 import mysql from 'mysql2/promise';
-import request from 'supertest';
 import { MySQLStore, QueryTimeoutError, transactionConnection, withQueryTimeout } from '../src';
 
 // Outages on a private MariaDB server (mariadb-install-db + mariadbd from the system binaries, on a free port):
@@ -34,13 +36,11 @@ const LOCK_TIMEOUT = 30_000;
 /** How long a request with mysql2's defaults is watched during a pause before the server is resumed. */
 const DEFAULTS_WATCH = 3000;
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
 let server: PrivateMariadb;
 const pools: mysql.Pool[] = [];
-const servers: Server[] = [];
-/** Handler runs per key, over every app of this file. */
-const runs = new Map<string, number>();
+/** Handler runs and gates per key over every app of this file, and the apps' servers. */
+const state: OutageState = { runs: new Map(), gates: new Map(), servers: [] };
+const { runs } = state;
 
 /** The pool the docs recommend (timeouts shortened for the test). */
 function recommendedPool(): mysql.Pool {
@@ -56,76 +56,53 @@ function recommendedPool(): mysql.Pool {
   return withQueryTimeout(pool, QUERY_TIMEOUT);
 }
 
-/** An app in plain mode over `pool`. */
-async function plainApp(pool: mysql.Pool): Promise<string> {
-  const app = express();
-  app.use(express.json());
-  app.use(idempotency({ store: new MySQLStore({ pool }), lockTimeout: LOCK_TIMEOUT }));
-  app.post('/charges', (req, res) => {
-    const key = req.idempotencyKey ?? '';
-    runs.set(key, (runs.get(key) ?? 0) + 1);
-    res.status(201).json({ ok: true });
-  });
-  return listen(app, servers);
-}
-
-const gates = new Map<string, Gate>();
-
-/** An app in transactional mode over `pool`: the handler inserts a row through the request's transaction. */
-async function transactionalApp(pool: mysql.Pool): Promise<string> {
-  const app = express();
-  app.use(express.json());
-  app.use(idempotency({ store: new MySQLStore({ pool }), transactional: true }));
-  app.post(
-    '/charges',
-    gatedRoute(runs, gates, (req: express.Request, key) =>
-      transactionConnection(req).execute('INSERT INTO charges (`key`) VALUES (?)', [key]),
-    ),
-  );
-  return listen(app, servers);
-}
-
-const post = (url: string, key: string) =>
-  request(url).post('/charges').set('Idempotency-Key', key).send({ amount: 1 });
-
-let plain: string;
-let transactional: string;
+let plain: OutageApp;
+/** In transactional mode: the handler inserts a row through the request's transaction. */
+let transactional: ServedOutageApp;
 let check: mysql.Pool;
-/** The plain-mode app, as the shared outage checks take it. */
-const plainOutage: OutageApp = { post: (key) => post(plain, key), runs };
+const checks: OutageChecks = {
+  ready: async () => (await check.query('SELECT 1')).length > 0,
+  rows: async (key) => {
+    const [found] = await check.execute('SELECT COUNT(*) AS n FROM charges WHERE `key` = ?', [key]);
+    return Number((found as { n: number }[])[0]?.n);
+  },
+};
 
 beforeAll(async () => {
   server = await startMariadbServer();
   const pool = recommendedPool();
   await new MySQLStore({ pool }).migrate();
   await pool.query('CREATE TABLE charges (id INT AUTO_INCREMENT PRIMARY KEY, `key` VARCHAR(100) NOT NULL)');
-  plain = await plainApp(pool);
-  transactional = await transactionalApp(pool);
+  plain = await serveOutageApp(
+    idempotency({ store: new MySQLStore({ pool }), lockTimeout: LOCK_TIMEOUT }),
+    state,
+  );
+  transactional = await serveOutageApp(
+    idempotency({ store: new MySQLStore({ pool }), transactional: true }),
+    state,
+    (req: express.Request, key) =>
+      transactionConnection(req).execute('INSERT INTO charges (`key`) VALUES (?)', [key]),
+  );
   check = recommendedPool();
 }, 60_000);
 
-afterAll(async () => {
-  closeServers(servers);
-  server?.resume();
-  await Promise.all(pools.map((pool) => pool.end().catch(() => {})));
-  await server?.stop();
-});
+afterAll(() => endOutages(state, server, pools));
 
 describe('plain mode, with the recommended pool settings', () => {
   test('killed: covered requests get 503 problem+json at once and the handler does not run; restarted: served again, same app and pool', async () => {
-    const elapsed = await killAndRestart(server, plainOutage, ['k1', 'k2', 'before']);
+    const elapsed = await killAndRestart(server, plain, ['k1', 'k2', 'before']);
     console.log(`killed: 4 covered requests answered 503 in ${elapsed} ms`);
   });
 
   test('paused (SIGSTOP): 503 within the timeouts, no hang; resumed: served again, keys not held for the lease', async () => {
     // Two pooled connections at least, so that one request meets an idle connection and not only a new one.
     await until(async () =>
-      (await Promise.all([post(plain, 'p0'), post(plain, 'p00')])).every((r) => r.status === 201),
+      (await Promise.all([plain.post('p0'), plain.post('p00')])).every((r) => r.status === 201),
     );
     server.pause();
     try {
       const started = Date.now();
-      const down = await Promise.all([post(plain, 'p1'), post(plain, 'p2'), post(plain, 'p3')]);
+      const down = await Promise.all([plain.post('p1'), plain.post('p2'), plain.post('p3')]);
       const elapsed = Date.now() - started;
       for (const res of down) expect503(res);
       expect(elapsed).toBeGreaterThanOrEqual(CONNECT_TIMEOUT - 50);
@@ -136,8 +113,8 @@ describe('plain mode, with the recommended pool settings', () => {
       server.resume();
     }
     const resumedAt = Date.now();
-    await until(async () => (await check.query('SELECT 1')).length > 0);
-    const seen = await servedAfterResume(plainOutage, ['p1', 'p2', 'p3']);
+    await until(checks.ready);
+    const seen = await servedAfterResume(plain, ['p1', 'p2', 'p3']);
     console.log(
       `paused, after the resume: answers until served: ${[...seen].map(([key, answers]) => `${key}: ${answers.join(',')}`).join('; ')}; all served ${Date.now() - resumedAt} ms after the resume (lockTimeout ${LOCK_TIMEOUT} ms)`,
     );
@@ -189,61 +166,17 @@ describe("mysql2's defaults (no query timeout)", () => {
 });
 
 describe('transactional mode, with the recommended pool settings', () => {
-  const rows = async (key: string) => {
-    const [found] = await check.execute('SELECT COUNT(*) AS n FROM charges WHERE `key` = ?', [key]);
-    return Number((found as { n: number }[])[0]?.n);
-  };
-
   test('a transaction in flight when the server is killed: a 5xx problem+json, nothing kept, the process alive; after the restart the key runs again exactly once', async () => {
-    await until(async () => (await post(transactional, 't0')).status === 201);
-    const g = gate();
-    gates.set('t1', g);
-    const inFlight = post(transactional, 't1').then((res) => res); // sent now (supertest sends on then)
-    await g.entered; // the handler's row is written, its transaction open
-    await server.kill();
-    g.open(); // the handler answers 201; the commit cannot happen
-    const res = await inFlight;
-    expect(res.status).toBeGreaterThanOrEqual(500);
-    expect(res.headers['content-type']).toMatch(/application\/problem\+json/);
-    expect(runs.get('t1')).toBe(1);
+    const res = await killInFlight(server, transactional, checks, ['t0', 't1']);
     console.log(`transactional, killed in flight: ${res.status} ${res.body.type}`);
-    // While it is down, the key gets 503 and the handler does not run.
-    expect503(await post(transactional, 't1'));
-    expect(runs.get('t1')).toBe(1);
-
-    gates.delete('t1');
-    await server.restart();
-    await until(async () => (await check.query('SELECT 1')).length > 0);
-    expect(await rows('t1')).toBe(0); // rolled back: the crash took the open transaction with it
-    await until(async () => (await post(transactional, 't1')).status === 201);
-    expect(runs.get('t1')).toBe(2); // the in-flight run (rolled back) and this one
-    expect(await rows('t1')).toBe(1);
-    expect((await post(transactional, 't1')).headers['idempotent-replayed']).toBe('true');
-    expect(runs.get('t1')).toBe(2);
   });
 
   test('paused: covered requests get 503 within the timeouts, no hang; resumed: served again, each once', async () => {
-    await until(async () => (await post(transactional, 'tp0')).status === 201);
-    server.pause();
-    try {
-      const started = Date.now();
-      const down = await Promise.all([post(transactional, 'tp1'), post(transactional, 'tp2')]);
-      const elapsed = Date.now() - started;
-      for (const res of down) expect503(res);
-      expect(elapsed).toBeLessThan(10_000);
-      expect(runs.get('tp1')).toBeUndefined();
-      expect(runs.get('tp2')).toBeUndefined();
-      console.log(`transactional, paused: 2 covered requests answered 503 in ${elapsed} ms`);
-    } finally {
-      server.resume();
-    }
-    await until(async () => (await check.query('SELECT 1')).length > 0);
-    const seen = await servedAfterResume({ post: (key) => post(transactional, key), runs }, ['tp1', 'tp2']);
+    const { elapsed, seen } = await pauseInFlight(server, transactional, checks, ['tp0', 'tp1', 'tp2']);
+    console.log(`transactional, paused: 2 covered requests answered 503 in ${elapsed} ms`);
     console.log(
       `transactional, paused, after the resume: ${[...seen].map(([key, answers]) => `${key}: ${answers.join(',')}`).join('; ')}`,
     );
-    expect(await rows('tp1')).toBe(1);
-    expect(await rows('tp2')).toBe(1);
   });
 });
 
@@ -263,13 +196,10 @@ describe('a connection lost with a transaction open', () => {
     await until(async () => (await pool.query('SELECT 1')).length > 0);
     const [rows] = await pool.execute('SELECT COUNT(*) AS n FROM charges WHERE `key` = ?', ['lost']);
     expect(rows).toEqual([{ n: 0 }]);
-    await until(async () => (await post(plain, 'after-lost')).status === 201);
+    await until(async () => (await plain.post('after-lost')).status === 201);
   });
 });
 
 test('in none of the outages did a handler run twice for one key (but t1, whose first run was rolled back)', () => {
-  const twice = [...runs].filter(([key, n]) => n !== 1 && key !== 't1');
-  expect(twice).toEqual([]);
-  expect(runs.get('t1')).toBe(2);
-  expect(runs.size).toBeGreaterThanOrEqual(8);
+  expectRanOnceEach(runs, 't1', 8);
 });

@@ -3,12 +3,11 @@
  */
 import { join } from 'node:path';
 import { IdempotencyInProgressError } from '@oncely/core';
-import { startAppProcess } from '@oncely/testing';
+import { startAppProcess, transactionalSuite } from '@oncely/testing';
 import type { TransactionSql } from 'postgres';
 import request from 'supertest';
-import { PostgresStore } from '../src';
+import { PostgresStore, transactionSql } from '../src';
 import { connectionString, postgresJs, testSchema } from './helpers';
-import { describeLibraryTransactions } from './library-transactions';
 
 jest.setTimeout(60_000);
 
@@ -31,19 +30,23 @@ afterAll(async () => {
   await db.drop();
 });
 
-describeLibraryTransactions('postgres.js (sql.begin)', {
-  store: () => store,
-  insert: async (tx, key) => {
-    await tx`INSERT INTO ${tx(db.schema)}.charges (key) VALUES (${key})`;
-  },
-  count: (key) => count(key),
-  breakCommit: async (tx) => {
-    await tx.unsafe(`INSERT INTO "${db.schema}".deferred VALUES (1)`);
-  },
-  recordState: async (key) =>
-    (await sql`SELECT state FROM ${sql(db.schema)}.oncely_idempotency WHERE key = ${key}`)[0]?.state as
-      | string
-      | undefined,
+transactionalSuite<TransactionSql>({
+  name: 'PostgresStore on postgres.js (sql.begin)',
+  commitFailure: 'a deferred constraint',
+  target: () => ({
+    store,
+    transactionOf: (req) => transactionSql(req),
+    charge: (tx, key) => tx`INSERT INTO ${tx(db.schema)}.charges (key) VALUES (${key})`,
+    chargeOutside: (key) => sql`INSERT INTO ${sql(db.schema)}.charges (key) VALUES (${key})`,
+    count: (key) => count(key),
+    breakCommit: async (tx) => {
+      await tx.unsafe(`INSERT INTO "${db.schema}".deferred VALUES (1)`);
+    },
+    recordState: async (key) =>
+      (await sql`SELECT state FROM ${sql(db.schema)}.oncely_idempotency WHERE key = ${key}`)[0]?.state as
+        | string
+        | undefined,
+  }),
 });
 
 const count = async (key: string) =>

@@ -1,11 +1,11 @@
 /**
  * @services postgres
  */
-import type { SqlTransactions } from '@oncely/core/adapter';
+import { type SqlTransactions, transactionOfRequest } from '@oncely/core/adapter';
+import { transactionalSuite } from '@oncely/testing';
 import type pg from 'pg';
 import { PostgresStore } from '../src';
-import { testSchema } from './helpers';
-import { describeLibraryTransactions } from './library-transactions';
+import { pgSuiteParts, testSchema } from './helpers';
 
 jest.setTimeout(30_000);
 
@@ -63,22 +63,15 @@ beforeAll(async () => {
 });
 afterAll(() => db.drop());
 
-describeLibraryTransactions('a SqlTransactions of the application', {
-  store: () => store,
-  insert: async (tx, key) => {
-    await tx.query(`INSERT INTO "${db.schema}".charges (key) VALUES ($1)`, [key]);
-  },
-  count: async (key) =>
-    Number(
-      (await db.pool().query(`SELECT count(*) FROM "${db.schema}".charges WHERE key = $1`, [key])).rows[0]
-        .count,
-    ),
-  breakCommit: async (tx) => {
-    await tx.query(`INSERT INTO "${db.schema}".deferred VALUES (1)`);
-  },
-  recordState: async (key) =>
-    (await db.pool().query(`SELECT state FROM "${db.schema}".oncely_idempotency WHERE key = $1`, [key]))
-      .rows[0]?.state as string | undefined,
+transactionalSuite<pg.PoolClient>({
+  name: 'PostgresStore on a SqlTransactions of the application',
+  commitFailure: 'a deferred constraint',
+  target: () => ({
+    store,
+    // What an application's accessor does: the request's transaction, as its library's type.
+    transactionOf: (req) => transactionOfRequest<pg.PoolClient>(req, 'test'),
+    ...pgSuiteParts(db),
+  }),
 });
 
 test('a SqlTransactions for another database, or not one at all, is refused at construction', () => {

@@ -85,16 +85,25 @@ export {
 } from './orm-suite';
 export {
   closeServers,
+  endOutages,
   expect503,
   expectCommitUnknown,
+  expectRanOnceEach,
   type Gate,
   gate,
   gatedRoute,
   killAndRestart,
+  killInFlight,
   listen,
   type OutageApp,
+  type OutageChecks,
+  type OutageState,
   onceFree,
+  pauseInFlight,
+  postCharge,
+  type ServedOutageApp,
   servedAfterResume,
+  serveOutageApp,
   until,
 } from './outages';
 export {
@@ -142,3 +151,12 @@ export {
   startChargeProvider,
 } from './steps-crash';
 export { type StoreSuiteOptions, storeContractSuite } from './store-suite';
+export {
+  type TransactionalChargeBody,
+  type TransactionalSuiteOptions,
+  type TransactionalSuiteRequest,
+  type TransactionalSuiteStore,
+  type TransactionalSuiteTarget,
+  transactionalSuite,
+  transactionalSuiteApp,
+} from './transactional-suite';

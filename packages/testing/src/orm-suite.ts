@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
+import type { Duration } from '@oncely/core';
 import type { IdempotencyRecord, TransactionalIdempotencyStore } from '@oncely/core/adapter';
 import { idempotency } from '@oncely/express';
 import express from 'express';
@@ -17,13 +18,13 @@ export interface OrmSuiteRequest {
   idempotency?: { db: unknown } | undefined;
 }
 
-/** A store built with the integration's `transactions` (a PostgresStore or MySQLStore). */
+/** A store that runs work in its transactions (a PostgresStore or MySQLStore; here, built with the ORM's). */
 export interface OrmSuiteStore<Tx> extends TransactionalIdempotencyStore {
   get(key: string): Promise<IdempotencyRecord | undefined>;
   /** Runs `work` once per key in one transaction of the ORM that also writes the completion. */
   transaction<T>(
     key: string,
-    options: { fingerprint?: string },
+    options: { fingerprint?: string; ttl?: Duration },
     work: (tx: Tx) => Promise<T>,
   ): Promise<{ outcome: 'executed' | 'replayed'; result: T }>;
 }

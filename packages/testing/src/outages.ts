@@ -1,6 +1,7 @@
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import type request from 'supertest';
+import express from 'express';
+import request from 'supertest';
 
 /**
  * Helpers for a store's outage tests (a private database killed, restarted, paused): the same requests and the same
@@ -140,7 +141,9 @@ export async function killAndRestart(
 
   await server.restart();
   await until(async () => (await app.post(k1)).status === 201);
-  expect((await app.post(k1)).headers['idempotent-replayed']).toBe('true');
+  const replay = await app.post(k1);
+  expect(replay.status).toBe(201);
+  expect(replay.headers['idempotent-replayed']).toBe('true');
   // The key stored before the outage survived it: the record is in the database, not in the process.
   expect((await app.post(stored)).headers['idempotent-replayed']).toBe('true');
   expect((await app.post(k2)).status).toBe(201);
@@ -171,4 +174,137 @@ export async function servedAfterResume(app: OutageApp, keys: string[]): Promise
     expect(app.runs.get(key)).toBe(1);
   }
   return seen;
+}
+
+/** A covered `POST /charges` for `key`, as every outage app takes it. */
+export function postCharge(url: string, key: string): request.Test {
+  return request(url).post('/charges').set('Idempotency-Key', key).send({ amount: 1 });
+}
+
+/** What a test file's outage apps share: handler runs and gates per key, and the servers to close. */
+export interface OutageState {
+  runs: Map<string, number>;
+  gates: Map<string, Gate>;
+  servers: Server[];
+}
+
+/** An outage app served on a port of its own; `gates` holds its handler at a key. */
+export interface ServedOutageApp extends OutageApp {
+  url: string;
+  gates: Map<string, Gate>;
+}
+
+/**
+ * Serves an Express app behind `middleware` (the adapter's, on the store under test) whose `POST /charges` is a
+ * `gatedRoute` running `write`, the business write of transactional mode (none in plain mode).
+ */
+export async function serveOutageApp(
+  middleware: express.RequestHandler,
+  state: OutageState,
+  write: (req: express.Request, key: string) => Promise<unknown> = async () => {},
+): Promise<ServedOutageApp> {
+  const app = express();
+  app.use(express.json());
+  app.use(middleware);
+  app.post('/charges', gatedRoute(state.runs, state.gates, write));
+  const url = await listen(app, state.servers);
+  return { url, post: (key) => postCharge(url, key), runs: state.runs, gates: state.gates };
+}
+
+/**
+ * A file's last step: closes its apps' servers, resumes the server (were a test to fail while it is paused), ends the
+ * pools (ignoring their errors: some connections died with the server) and stops the server.
+ */
+export async function endOutages(
+  state: OutageState,
+  server: { resume(): void; stop(): Promise<void> } | undefined,
+  pools: { end(): Promise<void> }[],
+): Promise<void> {
+  closeServers(state.servers);
+  server?.resume();
+  await Promise.all(pools.map((pool) => pool.end().catch(() => {})));
+  await server?.stop();
+}
+
+/** How an outage test reads the database: `ready` once it answers again, `rows` the committed business rows of a key. */
+export interface OutageChecks {
+  ready(): Promise<boolean>;
+  rows(key: string): Promise<number>;
+}
+
+/**
+ * Kills the server while a transactional request is held after its write (`key`, once `warm` has been served): the
+ * request gets a 5xx problem+json and, while the server is down, the key 503 without a run. Restarts it: the write
+ * was rolled back, `afterRestart` checks more, and the key runs again once. Resolves with the in-flight answer.
+ */
+export async function killInFlight(
+  server: { kill(): Promise<void>; restart(): Promise<void> },
+  app: ServedOutageApp,
+  checks: OutageChecks & { afterRestart?(): Promise<void> },
+  [warm, key]: [string, string],
+): Promise<request.Response> {
+  await until(async () => (await app.post(warm)).status === 201);
+  const g = gate();
+  app.gates.set(key, g);
+  const inFlight = app.post(key).then((res) => res); // sent now (supertest sends on then)
+  await g.entered; // the handler's row is written, its transaction open
+  await server.kill();
+  g.open(); // the handler answers 201; the commit cannot happen
+  const res = await inFlight;
+  expect(res.status).toBeGreaterThanOrEqual(500);
+  expect(res.headers['content-type']).toMatch(/application\/problem\+json/);
+  expect(app.runs.get(key)).toBe(1);
+  expect503(await app.post(key));
+  expect(app.runs.get(key)).toBe(1);
+
+  app.gates.delete(key);
+  await server.restart();
+  await until(checks.ready);
+  expect(await checks.rows(key)).toBe(0); // rolled back: the crash took the open transaction with it
+  await checks.afterRestart?.();
+  await until(async () => (await app.post(key)).status === 201);
+  expect(app.runs.get(key)).toBe(2); // the in-flight run (rolled back) and this one
+  expect(await checks.rows(key)).toBe(1);
+  expect((await app.post(key)).headers['idempotent-replayed']).toBe('true');
+  expect(app.runs.get(key)).toBe(2);
+  expect(await checks.rows(key)).toBe(1);
+  return res;
+}
+
+/**
+ * Pauses the server: two covered transactional requests (`keys`, once `warm` has been served) get 503 within 10 s
+ * and the handler does not run. Resumes it: each key is served once (`servedAfterResume`) and its row is kept.
+ * Resolves with how long the 503s took and the answers per key after the resume.
+ */
+export async function pauseInFlight(
+  server: { pause(): void; resume(): void },
+  app: OutageApp,
+  checks: OutageChecks,
+  [warm, ...keys]: [string, string, string],
+): Promise<{ elapsed: number; seen: Map<string, number[]> }> {
+  await until(async () => (await app.post(warm)).status === 201);
+  server.pause();
+  let elapsed: number;
+  try {
+    const started = Date.now();
+    const down = await Promise.all(keys.map((key) => app.post(key)));
+    elapsed = Date.now() - started;
+    for (const res of down) expect503(res);
+    // Generous bound: without the pool's timeouts the requests would wait for the resume.
+    expect(elapsed).toBeLessThan(10_000);
+    expect(keys.map((key) => app.runs.get(key))).toEqual([undefined, undefined]);
+  } finally {
+    server.resume();
+  }
+  await until(checks.ready);
+  const seen = await servedAfterResume(app, keys);
+  for (const key of keys) expect(await checks.rows(key)).toBe(1);
+  return { elapsed, seen };
+}
+
+/** No handler ran twice for one key over a file's outages, but `rolledBack`, whose first run was rolled back. */
+export function expectRanOnceEach(runs: Map<string, number>, rolledBack: string, atLeast: number): void {
+  expect([...runs].filter(([key, n]) => n !== 1 && key !== rolledBack)).toEqual([]);
+  expect(runs.get(rolledBack)).toBe(2);
+  expect(runs.size).toBeGreaterThanOrEqual(atLeast);
 }
