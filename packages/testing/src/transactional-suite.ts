@@ -6,9 +6,7 @@ import {
   OncelyError,
 } from '@oncely/core';
 import { idempotency } from '@oncely/express';
-import { idempotencyPlugin } from '@oncely/fastify';
 import express from 'express';
-import Fastify from 'fastify';
 import request from 'supertest';
 import { sleep } from './consumers';
 import type { OrmSuiteRequest, OrmSuiteStore } from './orm-suite';
@@ -362,6 +360,9 @@ export function transactionalSuite<Tx>({
 
   describe(`${name}: transactional mode over HTTP (Fastify)`, () => {
     test('the row and the record commit together; a failing handler leaves neither', async () => {
+      // Loaded here, not at the top: every test file that imports @oncely/testing would load Fastify otherwise.
+      const { default: Fastify } = await import('fastify');
+      const { idempotencyPlugin } = await import('@oncely/fastify');
       const app = Fastify();
       await app.register(idempotencyPlugin, { store: t().store, transactional: true });
       app.post('/charges', async (req, reply) => {
