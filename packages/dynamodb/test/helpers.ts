@@ -36,6 +36,9 @@ export interface LocalDynamoDB {
 export async function startDynalite(options: { returnOldItem: boolean }): Promise<LocalDynamoDB> {
   if (options.returnOldItem) emulateReturnValuesOnConditionCheckFailure();
   const server: Server = dynalite({ createTableMs: 0, deleteTableMs: 0, updateTableMs: 0 });
+  // The SDK keeps sockets open without an idle limit; at Node's 5 s default the server may close one just as a
+  // request goes out on it (ECONNRESET, not retried at maxAttempts 1).
+  server.keepAliveTimeout = 60_000;
   const port = await freePort();
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
