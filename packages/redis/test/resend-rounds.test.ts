@@ -149,7 +149,11 @@ describe.each(
   });
 
   test("pending re-sends never block the user's connection with their WAITs, and their connection is closed after", async () => {
-    const store = storeFor('block', 1000);
+    // A WAIT of 3 s against a bound of 1.5 s: a GET queued behind one waits far longer than a loaded machine
+    // stalls. The client's command timeout must outlast the WAIT.
+    await connected.close();
+    connected = await kind.standalone(primary.url, 5000);
+    const store = storeFor('block', 3000);
     const clientsBefore = await info(primary, 'clients', 'connected_clients');
     const tokens = await Promise.all(Array.from({ length: 10 }, (_, i) => acquire(store, `k${i}`)));
     replica.pause();
@@ -169,8 +173,8 @@ describe.each(
     } finally {
       replica.resume();
     }
-    // Behind a re-send's WAIT (1 s, the replica paused), a GET would wait for it.
-    expect(Math.max(...slowest)).toBeLessThan(500);
+    // Behind a re-send's WAIT (3 s, the replica paused), a GET would wait for it.
+    expect(Math.max(...slowest)).toBeLessThan(1500);
     expect(new Set(await Promise.all(errors.map((error) => error.confirmation)))).toEqual(
       new Set(['confirmed']),
     );
