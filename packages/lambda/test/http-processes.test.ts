@@ -1,7 +1,9 @@
 /**
  * @services redis
  */
-import { join } from 'node:path';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
 import type { IdempotencyStore } from '@oncely/core';
 import { type SourceProcess, spawnSource } from '@oncely/testing';
 import type { APIGatewayProxyEventV2, APIGatewayProxyStructuredResultV2 } from 'aws-lambda';
@@ -28,17 +30,35 @@ function storeEnv(described: Record<string, string>): Record<string, string> {
       };
 }
 
-/** Starts an invoker; `lines` collects what it prints, `done` resolves at its exit. */
+/**
+ * Starts an invoker; `lines` collects what it prints, `ready` resolves once it waits at its START_GATE, `done` at
+ * its exit.
+ */
 function invoker(env: Record<string, string>): {
   process: SourceProcess;
   lines: Line[];
+  ready: Promise<void>;
   done: Promise<void>;
 } {
   const process = spawnSource(INVOKER, env);
   const lines: Line[] = [];
-  process.lines.on('line', (line) => lines.push(JSON.parse(line) as Line));
-  const done = new Promise<void>((resolve) => process.child.once('exit', () => resolve()));
-  return { process, lines, done };
+  let onReady = () => {};
+  const ready = new Promise<void>((resolve) => {
+    onReady = resolve;
+  });
+  process.lines.on('line', (line) => {
+    const said = JSON.parse(line) as Line & { ready?: true };
+    if (said.ready) onReady();
+    else lines.push(said);
+  });
+  // One that exits before it is ready (a crash) must not hold the others at the gate.
+  const done = new Promise<void>((resolve) =>
+    process.child.once('exit', () => {
+      onReady();
+      resolve();
+    }),
+  );
+  return { process, lines, ready, done };
 }
 
 describe.each(STORES)('Lambda processes on %s', (_name, makeStores) => {
@@ -85,16 +105,20 @@ describe.each(STORES)('Lambda processes on %s', (_name, makeStores) => {
   test('duplicates from 6 processes at once (wrapper and Middy): one run per key, the rest a replay or a 409', async () => {
     const keys = ['d1', 'd2', 'd3', 'd4'];
     const events = keys.map((key) => v2Event({ headers: { 'idempotency-key': key }, body: key }));
-    const startAt = Date.now() + 4000;
+    // All six start once every one has loaded, however long that took on a loaded machine.
+    const gate = join(mkdtempSync(join(tmpdir(), 'oncely-lambda-')), 'go');
     const runs = Array.from({ length: 6 }, (_, i) =>
       start({
         MODE: i % 2 === 0 ? 'wrap' : 'middy',
         DELAY_MS: '300',
-        START_AT: String(startAt),
+        START_GATE: gate,
         EVENTS: JSON.stringify(events),
       }),
     );
+    await Promise.all(runs.map((r) => r.ready));
+    writeFileSync(gate, '');
     await Promise.all(runs.map((r) => r.done));
+    rmSync(dirname(gate), { recursive: true, force: true });
     const lines = runs.flatMap((r) => r.lines);
     const ran = lines.filter((l) => l.ran !== undefined).map((l) => l.ran);
     // Exactly one execution per key across all processes.
