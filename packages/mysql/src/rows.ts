@@ -23,8 +23,18 @@ export function toResponse(row: Record<string, unknown>): StoredResponse {
   };
 }
 
-export function toBuffer(body: Uint8Array): Buffer {
+function toBuffer(body: Uint8Array): Buffer {
   return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+}
+
+/** The parameters of the complete statements (status, headers as JSON, body, ttlMs, key, token). */
+export function completeParams(
+  key: string,
+  token: string,
+  response: StoredResponse,
+  ttlMs: number,
+): unknown[] {
+  return [response.status, JSON.stringify(response.headers), toBuffer(response.body), ttlMs, key, token];
 }
 
 export function steps(value: unknown): RecordedSteps | null {

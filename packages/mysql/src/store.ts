@@ -23,7 +23,7 @@ import {
   undoAcquire,
 } from '@oncely/core/adapter';
 import type { Pool, PoolConnection } from 'mysql2/promise';
-import { steps, toBuffer, toRecord, toResponse } from './rows';
+import { completeParams, steps, toRecord, toResponse } from './rows';
 import { ACQUIRE_MARK, checkIdentifier, DEFAULT_TABLE, type Statements, statements } from './sql';
 import { TransactionalMode } from './transaction';
 
@@ -209,14 +209,7 @@ export class MySQLStore<Tx = PoolConnection> implements TransactionalIdempotency
   }
 
   async complete(key: string, token: string, response: StoredResponse, ttlMs: number): Promise<boolean> {
-    const { matched } = await this.#run(this.#sql.complete, [
-      response.status,
-      JSON.stringify(response.headers),
-      toBuffer(response.body),
-      ttlMs,
-      key,
-      token,
-    ]);
+    const { matched } = await this.#run(this.#sql.complete, completeParams(key, token, response, ttlMs));
     return matched === 1;
   }
 

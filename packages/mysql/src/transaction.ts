@@ -12,7 +12,7 @@ import {
   transactionOfRequest,
 } from '@oncely/core/adapter';
 import type { Pool, PoolConnection } from 'mysql2/promise';
-import { toBuffer } from './rows';
+import { completeParams } from './rows';
 import type { Statements } from './sql';
 import { type Run, runOn } from './store';
 
@@ -210,14 +210,10 @@ export class TransactionalMode<Tx> {
         if (settled) return false;
         settled = true;
         try {
-          const { matched } = await session.run(this.#host.statements.completeInTransaction, [
-            response.status,
-            JSON.stringify(response.headers),
-            toBuffer(response.body),
-            ttlMs,
-            key,
-            token,
-          ]);
+          const { matched } = await session.run(
+            this.#host.statements.completeInTransaction,
+            completeParams(key, token, response, ttlMs),
+          );
           if (matched !== 1) {
             await finish();
             return false;
